@@ -1,0 +1,23 @@
+"""hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`."""
+
+from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
+from .default_model import load_default_target
+from .drafters import CandidateGeneratorDrafter, Draft, Drafter, DraftModelDrafter, NgramDrafter, as_drafter
+from .enable import disable, enable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "speculative_generate",
+    "enable",
+    "disable",
+    "SpeculationStats",
+    "SpeculativeDecoderOnlyOutput",
+    "Drafter",
+    "Draft",
+    "DraftModelDrafter",
+    "NgramDrafter",
+    "CandidateGeneratorDrafter",
+    "as_drafter",
+    "load_default_target",
+]

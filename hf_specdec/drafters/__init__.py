@@ -1,0 +1,35 @@
+"""Drafters: one file per drafting strategy, all behind the protocol in `base.py`."""
+
+from transformers import PreTrainedModel
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .base import CandidateGeneratorDrafter, Draft, Drafter
+from .draft_model import DraftModelDrafter
+from .ngram import NgramDrafter
+
+__all__ = ["Draft", "Drafter", "DraftModelDrafter", "NgramDrafter", "CandidateGeneratorDrafter", "as_drafter"]
+
+ACCEPTED_ASSISTANTS = (
+    "a causal-LM `PreTrainedModel` sharing the target's vocabulary, an `hf_specdec` drafter "
+    "(`hf_specdec.Drafter` subclass such as `NgramDrafter()`), the string 'ngram', "
+    "or a `transformers.generation.CandidateGenerator`"
+)
+
+
+def as_drafter(assistant) -> Drafter:
+    """Turn whatever was passed as `assistant=` into a Drafter, or raise a TypeError that lists what is accepted."""
+    if isinstance(assistant, Drafter):
+        return assistant
+    if isinstance(assistant, str) and assistant == "ngram":
+        return NgramDrafter()
+    if isinstance(assistant, PreTrainedModel):
+        if getattr(assistant, "_hf_specdec_drafter_factory", None) is not None:
+            return assistant._hf_specdec_drafter_factory()
+        if assistant.config.is_encoder_decoder or not hasattr(assistant, "get_output_embeddings"):
+            raise TypeError(f"assistant={type(assistant).__name__} is not a causal LM; expected {ACCEPTED_ASSISTANTS}.")
+        if assistant.get_output_embeddings() is None:
+            raise TypeError(f"assistant={type(assistant).__name__} has no LM head; expected {ACCEPTED_ASSISTANTS}.")
+        return DraftModelDrafter(assistant)
+    if isinstance(assistant, CandidateGenerator):
+        return CandidateGeneratorDrafter(assistant)
+    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {ACCEPTED_ASSISTANTS}.")

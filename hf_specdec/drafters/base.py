@@ -1,0 +1,87 @@
+"""The drafter protocol: every drafting strategy is one class behind this small interface.
+
+The decoding loop calls, per `generate()` call:
+
+    drafter.start(target, input_ids, generation_config, logits_processor)   # reset per-call state, validate
+    loop:
+        draft = drafter.propose(input_ids, max_tokens)                      # up to max_tokens tokens (+ their q)
+        ... the target verifies ...
+        drafter.accepted(input_ids, num_accepted)                           # learn what was kept; roll back caches
+
+`Draft.probs` is the distribution each token was drawn from (`[B, k, V]`), or `None` for a deterministic drafter
+(greedy draft model, n-gram lookup), whose distribution is one-hot. A drafter may propose fewer than `max_tokens`
+tokens, or none: then the target simply decodes one token.
+
+`Drafter` also implements `transformers.generation.CandidateGenerator` (`get_candidates` /
+`update_candidate_strategy`), so the same object can be used where transformers expects a candidate generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [B, k] proposed token ids (k may be 0)
+    probs: torch.Tensor | None = None  # [B, k, V] the distribution each token was sampled from; None = one-hot
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+
+class Drafter(CandidateGenerator):
+    """Base class of every drafter. Subclasses implement `propose`; the rest has sensible defaults."""
+
+    #: draft length used when the caller does not pass `num_draft_tokens`
+    default_num_draft_tokens: int = 5
+
+    def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
+        """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""
+        self.generation_config = generation_config
+        self.logits_processor = logits_processor
+
+    def propose(self, input_ids: torch.Tensor, max_tokens: int) -> Draft:
+        raise NotImplementedError
+
+    def accepted(self, input_ids: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """`input_ids` now ends with the accepted drafts plus the target's token; `num_accepted` is `[B]`."""
+
+    def vocab_size(self) -> int | None:
+        """Size of the token space the drafter proposes in, or None when it proposes the target's own ids."""
+        return None
+
+    # --- transformers.generation.CandidateGenerator compatibility ---
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+        draft = self.propose(input_ids, self.default_num_draft_tokens)
+        logits = None if draft.probs is None else draft.probs.clamp_min(1e-30).log()
+        return torch.cat([input_ids, draft.tokens], dim=-1), logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        self.accepted(input_ids, torch.tensor([num_matches], device=input_ids.device))
+
+
+class CandidateGeneratorDrafter(Drafter):
+    """Adapter: any `transformers` `CandidateGenerator` used as a drafter.
+
+    Its candidate logits (already processed, as transformers defines them) give q by softmax; without logits, the
+    candidates are treated as deterministic proposals.
+    """
+
+    def __init__(self, candidate_generator: CandidateGenerator):
+        self.candidate_generator = candidate_generator
+
+    def propose(self, input_ids, max_tokens):
+        candidate_ids, candidate_logits = self.candidate_generator.get_candidates(input_ids)
+        tokens = candidate_ids[:, input_ids.shape[1] :][:, :max_tokens]
+        probs = None
+        if candidate_logits is not None:
+            probs = candidate_logits[:, : tokens.shape[1]].float().softmax(dim=-1)
+        return Draft(tokens, probs)
+
+    def accepted(self, input_ids, num_accepted):
+        self.candidate_generator.update_candidate_strategy(input_ids, None, int(num_accepted[0]))

@@ -1,0 +1,43 @@
+"""`enable(model)`: make plain `model.generate(**inputs, assistant=drafter, ...)` speculative, `streamer=` included.
+
+`generate(custom_generate=callable)` drops `streamer` before calling the callable, so the wrapper hands the streamer
+over under its own name. Without `assistant=`, the enabled model's `generate` is the original, untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .decoding import speculative_generate
+
+
+def enable(model):
+    """Let `model.generate()` take `assistant=`. Returns the model. Idempotent; undo with `disable(model)`."""
+    if getattr(model, "_hf_specdec_original_generate", None) is not None:
+        return model
+    original = model.generate
+
+    @functools.wraps(original)
+    def generate(*args, assistant=None, **kwargs):
+        if assistant is None:
+            return original(*args, **kwargs)
+        if kwargs.get("custom_generate") is not None:
+            raise ValueError("Pass either `assistant=` or `custom_generate=`, not both.")
+        if kwargs.get("assistant_model") is not None:
+            raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
+        streamer = kwargs.pop("streamer", None)
+        return original(
+            *args, custom_generate=speculative_generate, assistant=assistant, hf_specdec_streamer=streamer, **kwargs
+        )
+
+    model._hf_specdec_original_generate = original
+    model.generate = generate
+    return model
+
+
+def disable(model):
+    """Restore the model's own `generate`. Returns the model."""
+    if getattr(model, "_hf_specdec_original_generate", None) is not None:
+        del model.generate  # the instance attribute; the class method shows through again
+        model._hf_specdec_original_generate = None
+    return model

@@ -1,0 +1,64 @@
+"""Verification rules: pure functions on tensors, one per rule.
+
+Shapes: `draft_tokens` is `[batch, k]`; target scores/probabilities cover the k draft positions plus one more (the
+"bonus" position), `[batch, k + 1, vocab]`. Each rule returns `(num_accepted, next_token)`, both `[batch]`: the row keeps
+`draft_tokens[:num_accepted]` and then appends `next_token`, which always comes from the target, so every target
+forward yields at least one token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept the longest draft prefix equal to the target's argmax chain, then append the target's own next token."""
+    target_choice = target_scores.argmax(dim=-1)  # [B, k+1]
+    k = draft_tokens.shape[1]
+    matches = (draft_tokens == target_choice[:, :k]).long().cumprod(dim=-1)
+    num_accepted = matches.sum(dim=-1)
+    next_token = target_choice.gather(1, num_accepted[:, None]).squeeze(1)
+    return num_accepted, next_token
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): what to sample from after a rejection so that the output is distributed exactly as p."""
+    residual = (p - q).clamp_min(0)
+    total = residual.sum(dim=-1, keepdim=True)
+    # p == q (up to rounding) means a rejection had probability 0; fall back to p rather than divide by zero.
+    return torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p)
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leviathan et al. 2023 / Chen et al. 2023 speculative sampling.
+
+    Draft token i is accepted with probability min(1, p_i(x) / q_i(x)) while all before it were accepted; at the first
+    rejection the next token is drawn from norm(max(0, p_i - q_i)); when all k are accepted, from p_k (the bonus
+    position). `draft_probs` (`[B, k, V]`) must be exactly the distribution the drafter sampled from (one-hot for a
+    deterministic drafter); `target_probs` (`[B, k+1, V]`) is the target's distribution after all logits processors.
+    """
+    batch, k = draft_tokens.shape
+    p_of_draft = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    q_of_draft = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    accept_prob = (p_of_draft / q_of_draft.clamp_min(torch.finfo(q_of_draft.dtype).tiny)).clamp(max=1.0)
+    uniform = torch.rand(batch, k, device=draft_tokens.device, generator=generator, dtype=accept_prob.dtype)
+    accepted = (uniform < accept_prob).long().cumprod(dim=-1)
+    num_accepted = accepted.sum(dim=-1)
+
+    # With q padded by zeros at the bonus position, the residual there is p itself: one formula for both cases.
+    q_padded = torch.cat([draft_probs, draft_probs.new_zeros(batch, 1, draft_probs.shape[-1])], dim=1)
+    index = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+    p_next = target_probs.gather(1, index).squeeze(1)
+    q_next = q_padded.gather(1, index).squeeze(1)
+    next_token = torch.multinomial(residual_distribution(p_next, q_next), 1, generator=generator).squeeze(1)
+    return num_accepted, next_token
+
+
+def one_hot_probs(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
+    """The distribution of a deterministic drafter: all mass on the proposed token."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).to(dtype)
