@@ -1,0 +1,73 @@
+"""Tiny randomly initialised models of several architectures, built in the tests (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+torch.set_num_threads(2)
+
+VOCAB = 96
+
+
+def tiny_llama(vocab=VOCAB, seed=0, layers=2, **overrides):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        initializer_range=0.3, tie_word_embeddings=False, **overrides,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_gpt2(vocab=VOCAB, seed=0, layers=2, **overrides):
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=vocab, n_embd=48, n_layer=layers, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=None,
+        pad_token_id=0, initializer_range=0.3, **overrides,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def tiny_qwen2(vocab=VOCAB, seed=0, layers=2, **overrides):
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        initializer_range=0.3, tie_word_embeddings=True, **overrides,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+ARCHITECTURES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": tiny_qwen2}
+
+
+def perturbed_copy(model, scale=0.05, seed=1):
+    """A drafter that mostly agrees with `model`: the same weights plus a little noise."""
+    torch.manual_seed(seed)
+    drafter = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
+    return drafter
+
+
+def random_prompts(n, vocab=VOCAB, min_len=3, max_len=12, seed=123):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
+    return [torch.randint(2, vocab, (1, int(length)), generator=g) for length in lengths]
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def arch(request):
+    return request.param

@@ -1,0 +1,66 @@
+"""Exact reference distributions and a chi-square test, shared by the sampling tests of every drafter."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from scipy.stats import chisquare
+
+
+def captured_processors(model, prompt, **generate_kwargs):
+    """The exact LogitsProcessorList (warpers included) that `generate()` builds for these arguments."""
+    box = {}
+
+    def capture(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        box["processors"] = logits_processor
+        return input_ids
+
+    model.generate(prompt, custom_generate=capture, **generate_kwargs)
+    return box["processors"]
+
+
+@torch.no_grad()
+def exact_joint_distribution(model, prompt, processors, num_tokens):
+    """P(t1..tn | prompt) under the target's sampling, by enumerating every prefix with non-zero probability."""
+    dist = {(): 1.0}
+    for _ in range(num_tokens):
+        nxt = {}
+        for prefix, prob in dist.items():
+            ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long).view(1, -1)], dim=1)
+            logits = model(input_ids=ids).logits[:, -1].float()
+            p = torch.softmax(processors(ids, logits.clone()), dim=-1)[0]
+            for token in torch.nonzero(p > 0).flatten().tolist():
+                nxt[prefix + (token,)] = prob * float(p[token])
+        dist = nxt
+    return dist
+
+
+def chi_square_pvalue(samples: list[tuple], exact: dict[tuple, float], min_expected: float = 5.0) -> float:
+    """Goodness of fit of observed sequences to the exact distribution (small cells pooled). A sequence the target
+    could never produce gives p = 0."""
+    counts = Counter(samples)
+    if any(seq not in exact for seq in counts):
+        return 0.0
+    n = len(samples)
+    observed, expected, pooled_obs, pooled_exp = [], [], 0.0, 0.0
+    for seq, prob in exact.items():
+        if prob * n >= min_expected:
+            observed.append(counts.get(seq, 0))
+            expected.append(prob * n)
+        else:
+            pooled_obs += counts.get(seq, 0)
+            pooled_exp += prob * n
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    scale = sum(observed) / sum(expected)
+    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
+
+
+def sample_sequences(generate_fn, prompt_len, num_samples, seed=0):
+    torch.manual_seed(seed)
+    return [tuple(generate_fn()[0, prompt_len:].tolist()) for _ in range(num_samples)]
+
+
+__all__ = ["captured_processors", "exact_joint_distribution", "chi_square_pvalue", "sample_sequences"]

@@ -1,0 +1,110 @@
+"""Greedy speculative decoding must be token-identical to plain greedy `generate()`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import DraftModelDrafter, NgramDrafter, SpeculationStats, speculative_generate
+from tests.conftest import ARCHITECTURES, VOCAB, perturbed_copy, random_prompts
+
+NEW_TOKENS = 20
+PROMPTS = random_prompts(50)
+
+
+class ContraryDrafter(DraftModelDrafter):
+    """Proposes, at every position, a token the target would NOT choose (its argmax + 1): nothing is ever accepted."""
+
+    def propose(self, input_ids, max_tokens):
+        draft = super().propose(input_ids, max_tokens)
+        draft.tokens = (draft.tokens + 1) % VOCAB
+        return draft
+
+
+def drafters_for(target):
+    return {
+        "mostly_agrees": lambda: perturbed_copy(target),
+        "never_agrees": lambda: ContraryDrafter(target),
+        "target_itself": lambda: target,
+    }
+
+
+@pytest.mark.parametrize("arch_name", sorted(ARCHITECTURES))
+def test_greedy_identical_to_plain(arch_name):
+    target = ARCHITECTURES[arch_name]()
+    plain = [target.generate(p, max_new_tokens=NEW_TOKENS, do_sample=False) for p in PROMPTS]
+    for drafter_name, make in drafters_for(target).items():
+        assistant = make()
+        for k in (1, 3, 8):
+            stats = SpeculationStats()
+            for prompt, expected in zip(PROMPTS, plain):
+                before = stats.target_forwards
+                out = target.generate(
+                    prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
+                    assistant=assistant, num_draft_tokens=k, speculation_stats=stats,
+                )
+                assert torch.equal(out, expected), f"{arch_name}/{drafter_name}/k={k}: output differs from plain greedy"
+                if drafter_name == "target_itself":  # every draft accepted: k+1 tokens per target forward
+                    assert stats.target_forwards - before == math.ceil(NEW_TOKENS / (k + 1))
+            if drafter_name == "never_agrees":
+                assert stats.accepted_tokens == 0 and stats.drafted_tokens > 0
+                assert stats.target_forwards == NEW_TOKENS * len(PROMPTS)
+            if drafter_name == "target_itself":
+                assert stats.accepted_tokens == stats.drafted_tokens
+            if drafter_name == "mostly_agrees":
+                assert 0 < stats.accepted_tokens < stats.drafted_tokens
+
+
+def test_ngram_drafter_greedy_identical(arch):
+    target = ARCHITECTURES[arch]()
+    stats = SpeculationStats()
+    for prompt in PROMPTS[:20]:
+        expected = target.generate(prompt, max_new_tokens=30, do_sample=False)
+        out = target.generate(
+            prompt, max_new_tokens=30, do_sample=False, custom_generate=speculative_generate,
+            assistant=NgramDrafter(), num_draft_tokens=4, speculation_stats=stats,
+        )
+        assert torch.equal(out, expected)
+    assert stats.accepted_tokens > 0  # random models repeat themselves, so lookup finds something
+
+
+def test_enable_route_matches_plain_and_disable_restores():
+    target = ARCHITECTURES["llama"]()
+    drafter = perturbed_copy(target)
+    prompt = PROMPTS[0]
+    expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    hf_specdec.enable(target)
+    try:
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant=drafter, num_draft_tokens=3)
+        assert torch.equal(out, expected)
+        assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False), expected)
+    finally:
+        hf_specdec.disable(target)
+    with pytest.raises(ValueError):  # the plain generate() rejects the unknown kwarg again
+        target.generate(prompt, max_new_tokens=3, assistant=drafter)
+
+
+def test_repetition_penalty_and_min_new_tokens_greedy():
+    """Logits processors are applied at every draft position on the exact prefix."""
+    target = ARCHITECTURES["llama"]()
+    drafter = perturbed_copy(target)
+    for prompt in PROMPTS[:10]:
+        kwargs = dict(max_new_tokens=25, do_sample=False, repetition_penalty=1.5, no_repeat_ngram_size=3)
+        expected = target.generate(prompt, **kwargs)
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4, **kwargs)
+        assert torch.equal(out, expected)
+
+
+def test_fast_cpu_verify_off_is_also_exact():
+    target = ARCHITECTURES["qwen2"]()
+    drafter = perturbed_copy(target)
+    for prompt in PROMPTS[:10]:
+        expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        out = target.generate(
+            prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
+            assistant=drafter, num_draft_tokens=3, fast_cpu_verify=False,
+        )
+        assert torch.equal(out, expected)
