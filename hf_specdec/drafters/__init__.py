@@ -23,8 +23,6 @@ def as_drafter(assistant) -> Drafter:
     if isinstance(assistant, str) and assistant == "ngram":
         return NgramDrafter()
     if isinstance(assistant, PreTrainedModel):
-        if getattr(assistant, "_hf_specdec_drafter_factory", None) is not None:
-            return assistant._hf_specdec_drafter_factory()
         if assistant.config.is_encoder_decoder or not hasattr(assistant, "get_output_embeddings"):
             raise TypeError(f"assistant={type(assistant).__name__} is not a causal LM; expected {ACCEPTED_ASSISTANTS}.")
         if assistant.get_output_embeddings() is None:

@@ -35,6 +35,8 @@ class DraftModelDrafter(Drafter):
                 f"The draft model is on {self.model.device} but the target is on {target.device}; "
                 f"move it first: `drafter.to({str(target.device)!r})`."
             )
+        if hasattr(self.model, "bind_target"):  # drafters that borrow the target's embeddings / LM head
+            self.model.bind_target(target)
         self.do_sample = bool(generation_config.do_sample)
         self.cache = DynamicCache(config=self.model.config)
         self.cached_ids = input_ids[:, :0]
