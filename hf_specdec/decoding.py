@@ -103,7 +103,7 @@ def validate_request(model, input_ids, generation_config, assistant, num_draft_t
     k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
-    target_vocab = model.get_output_embeddings().weight.shape[0]
+    target_vocab = model.config.get_text_config().vocab_size
     drafter_vocab = drafter.vocab_size()
     if drafter_vocab is not None and drafter_vocab != target_vocab:
         raise ValueError(

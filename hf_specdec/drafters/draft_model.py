@@ -24,7 +24,7 @@ class DraftModelDrafter(Drafter):
         self.cached_ids = None
 
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return self.model.config.get_text_config().vocab_size
 
     def start(self, target, input_ids, generation_config, logits_processor):
         super().start(target, input_ids, generation_config, logits_processor)
