@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import functools
 
+from transformers import StoppingCriteriaList, StopStringCriteria
+
 from .decoding import speculative_generate
+from .drafters import as_drafter
 
 
 def enable(model):
@@ -25,7 +28,19 @@ def enable(model):
             raise ValueError("Pass either `assistant=` or `custom_generate=`, not both.")
         if kwargs.get("assistant_model") is not None:
             raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
+        if model.config.is_encoder_decoder:
+            raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
+        assistant = as_drafter(assistant)  # a wrong type fails here, before generate() prepares anything
         streamer = kwargs.pop("streamer", None)
+        # generate() drops `tokenizer` for custom_generate callables, so build the stop-string criterion here.
+        stop_strings = kwargs.pop("stop_strings", None)
+        tokenizer = kwargs.pop("tokenizer", None)
+        if stop_strings:
+            if tokenizer is None:
+                raise ValueError("stop_strings needs the tokenizer: pass `tokenizer=` to generate().")
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+            kwargs["stopping_criteria"] = criteria
         return original(
             *args, custom_generate=speculative_generate, assistant=assistant, hf_specdec_streamer=streamer, **kwargs
         )

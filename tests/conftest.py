@@ -71,3 +71,18 @@ def random_prompts(n, vocab=VOCAB, min_len=3, max_len=12, seed=123):
 @pytest.fixture(params=sorted(ARCHITECTURES))
 def arch(request):
     return request.param
+
+
+def tiny_char_tokenizer():
+    """A character-level fast tokenizer over VOCAB symbols, built offline (for stop strings and streamers)."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"][: VOCAB - 2]
+    vocab = {"<pad>": 0, "<s>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>")

@@ -1,0 +1,113 @@
+"""Bad input: a clear error before any work, and the model still works on the next call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+import hf_specdec
+from hf_specdec import speculative_generate
+from tests.conftest import perturbed_copy, random_prompts, tiny_llama
+
+PROMPT = random_prompts(1, seed=5)[0]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama()
+    return target, perturbed_copy(target)
+
+
+def spec(target, assistant, prompt=PROMPT, **kwargs):
+    kwargs.setdefault("max_new_tokens", 10)
+    kwargs.setdefault("do_sample", False)
+    return target.generate(prompt, custom_generate=speculative_generate, assistant=assistant, **kwargs)
+
+
+def still_works(target, drafter):
+    expected = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    assert torch.equal(spec(target, drafter, num_draft_tokens=3), expected)
+
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(num_beams=2), ValueError, "num_beams=1"),
+        (dict(num_return_sequences=2, do_sample=True), ValueError, "num_return_sequences=1"),
+        (dict(num_draft_tokens=0), ValueError, "num_draft_tokens must be an integer >= 1"),
+        (dict(num_draft_tokens=2.5), ValueError, "num_draft_tokens must be an integer >= 1"),
+        (dict(output_attentions=True, return_dict_in_generate=True), ValueError, "output_attentions"),
+    ],
+)
+def test_unsupported_modes(pair, kwargs, error, message):
+    target, drafter = pair
+    calls = []
+    handle = target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(error, match=message):
+            spec(target, drafter, **kwargs)
+    finally:
+        handle.remove()
+    assert calls == []  # no forward pass happened
+    still_works(target, drafter)
+
+
+def test_vocab_mismatch(pair):
+    target, drafter = pair
+    other = tiny_llama(vocab=50)
+    with pytest.raises(ValueError, match="vocabulary .*50.* differs .*96"):
+        spec(target, other)
+    still_works(target, drafter)
+
+
+def test_unknown_assistant_type_lists_what_is_accepted(pair):
+    target, drafter = pair
+    for bad in (42, "medusa-please", torch.nn.Linear(2, 2)):
+        with pytest.raises(TypeError, match="expected a causal-LM `PreTrainedModel`"):
+            spec(target, bad)
+    hf_specdec.enable(target)
+    try:
+        with pytest.raises(TypeError, match="Unsupported assistant"):
+            target.generate(PROMPT, assistant=3.14, max_new_tokens=5)
+    finally:
+        hf_specdec.disable(target)
+    still_works(target, drafter)
+
+
+def test_missing_assistant(pair):
+    target, drafter = pair
+    with pytest.raises(ValueError, match="pass `assistant=`"):
+        spec(target, None)
+    still_works(target, drafter)
+
+
+def test_batch_larger_than_one_is_refused(pair):
+    target, drafter = pair
+    batch = torch.cat([PROMPT, PROMPT])
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        spec(target, drafter, prompt=batch)
+    still_works(target, drafter)
+
+
+def test_drafter_on_another_device(pair):
+    target, drafter = pair
+    elsewhere = tiny_llama(seed=3).to("meta")
+    with pytest.raises(ValueError, match=r"move it first: `drafter.to\('cpu'\)`"):
+        spec(target, elsewhere)
+    still_works(target, drafter)
+
+
+def test_encoder_decoder_target():
+    config = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0)
+    t5 = T5ForConditionalGeneration(config).eval()
+    with pytest.raises(ValueError, match="decoder-only"):
+        t5.generate(PROMPT, custom_generate=speculative_generate, assistant="ngram", max_new_tokens=5)
+    hf_specdec.enable(t5)
+    try:
+        with pytest.raises(ValueError, match="decoder-only"):
+            t5.generate(PROMPT, assistant="ngram", max_new_tokens=5)
+        assert t5.generate(PROMPT, max_new_tokens=5).shape[1] <= 6  # plain generate still works
+    finally:
+        hf_specdec.disable(t5)

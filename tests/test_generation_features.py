@@ -1,0 +1,146 @@
+"""Stopping, outputs, caches and streaming behave exactly as plain `generate()`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria, TextStreamer
+
+import hf_specdec
+from hf_specdec import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
+from tests.conftest import perturbed_copy, random_prompts, tiny_char_tokenizer, tiny_llama
+
+PROMPTS = random_prompts(12, seed=7)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama()
+    return target, perturbed_copy(target)
+
+
+def spec(target, drafter, prompt, k=4, **kwargs):
+    return target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, **kwargs)
+
+
+def test_several_eos_ids_stop_where_plain_stops(pair):
+    target, drafter = pair
+    stopped_early = 0
+    for prompt in PROMPTS:
+        free = target.generate(prompt, max_new_tokens=30, do_sample=False)[0, prompt.shape[1] :].tolist()
+        eos = [free[6], free[11], 95]  # tokens plain decoding really emits, so generation stops inside a block
+        expected = target.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos)
+        for k in (2, 5):
+            assert torch.equal(spec(target, drafter, prompt, k=k, max_new_tokens=30, eos_token_id=eos), expected)
+        stopped_early += expected.shape[1] < prompt.shape[1] + 30
+    assert stopped_early == len(PROMPTS)
+
+
+def test_stop_strings_and_custom_criteria_cut_inside_accepted_block(pair):
+    target, drafter = pair
+    tokenizer = tiny_char_tokenizer()
+    for prompt in PROMPTS:
+        text = tokenizer.decode(target.generate(prompt, max_new_tokens=30, do_sample=False)[0, prompt.shape[1] :])
+        stop = text[9:11]  # a string plain decoding produces around token 10
+        expected = target.generate(prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+        assert expected.shape[1] < prompt.shape[1] + 30
+        criteria = StoppingCriteriaList([StopStringCriteria(tokenizer=tokenizer, stop_strings=[stop])])
+        out = spec(target, drafter, prompt, k=6, max_new_tokens=30, do_sample=False, stopping_criteria=criteria)
+        assert torch.equal(out, expected)
+        # the enable() route takes stop_strings + tokenizer like plain generate()
+        hf_specdec.enable(target)
+        try:
+            out = target.generate(
+                prompt, assistant=drafter, num_draft_tokens=6, max_new_tokens=30, do_sample=False,
+                stop_strings=[stop], tokenizer=tokenizer,
+            )
+        finally:
+            hf_specdec.disable(target)
+        assert torch.equal(out, expected)
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criterion(pair):
+    target, drafter = pair
+    prompt = PROMPTS[0]
+    token = target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] + 8].item()
+    criteria = StoppingCriteriaList([StopAfterToken(token)])
+    expected = target.generate(prompt, max_new_tokens=20, do_sample=False, stopping_criteria=criteria)
+    assert torch.equal(spec(target, drafter, prompt, k=8, max_new_tokens=20, stopping_criteria=criteria), expected)
+
+
+def test_static_cache_matches_plain(pair):
+    target, drafter = pair
+    for prompt in PROMPTS[:6]:
+        expected = target.generate(prompt, max_new_tokens=25, do_sample=False)
+        out = spec(target, drafter, prompt, k=5, max_new_tokens=25, do_sample=False, cache_implementation="static")
+        assert torch.equal(out, expected)
+
+
+def test_return_dict_scores_and_logits_one_per_token(pair):
+    target, drafter = pair
+    prompt = PROMPTS[1]
+    kwargs = dict(max_new_tokens=15, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                  output_logits=True, repetition_penalty=1.2)
+    plain = target.generate(prompt, **kwargs)
+    out = spec(target, drafter, prompt, **kwargs)
+    assert isinstance(out, SpeculativeDecoderOnlyOutput)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert len(out.scores) == len(out.logits) == len(plain.scores) == 15
+    for a, b in zip(out.scores, plain.scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for a, b in zip(out.logits, plain.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    stats = out.speculation_stats
+    assert stats.emitted_tokens == 15 and stats.target_forwards < 15
+    assert len(stats.acceptance_by_position) == 4
+
+
+class CollectingStreamer(TextStreamer):
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, skip_prompt=True)
+        self.text = ""
+
+    def on_finalized_text(self, text, stream_end=False):
+        self.text += text
+
+
+def test_streamer_output_equals_returned_text(pair):
+    target, drafter = pair
+    tokenizer = tiny_char_tokenizer()
+    prompt = PROMPTS[2]
+    hf_specdec.enable(target)
+    try:
+        streamer = CollectingStreamer(tokenizer)
+        out = target.generate(prompt, assistant=drafter, num_draft_tokens=4, max_new_tokens=25, do_sample=False,
+                              streamer=streamer)
+    finally:
+        hf_specdec.disable(target)
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=25, do_sample=False))
+    assert streamer.text == tokenizer.decode(out[0, prompt.shape[1] :])
+    assert len(streamer.text) > 0
+
+
+def test_bf16_drafter_with_fp32_target_is_exact(pair):
+    target, drafter = pair
+    low = perturbed_copy(target).to(torch.bfloat16)
+    for prompt in PROMPTS[:4]:
+        assert torch.equal(spec(target, low, prompt, max_new_tokens=20, do_sample=False),
+                           target.generate(prompt, max_new_tokens=20, do_sample=False))
+
+
+def test_stats_accumulate_across_calls(pair):
+    target, drafter = pair
+    stats = SpeculationStats()
+    for prompt in PROMPTS[:3]:
+        spec(target, drafter, prompt, max_new_tokens=10, do_sample=False, speculation_stats=stats)
+    assert stats.emitted_tokens == 30
+    assert 1.0 <= stats.mean_accepted_tokens <= 5.0
+    assert set(stats.as_dict()) >= {"target_forwards", "mean_accepted_tokens", "acceptance_by_position"}
