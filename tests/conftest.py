@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-torch.set_num_threads(2)
+# Under pytest-xdist each worker gets one core; oversubscribed OpenMP threads would make everything crawl.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 VOCAB = 96
 

@@ -1,8 +1,21 @@
-"""N-gram lookup: draft the continuation of the latest earlier occurrence of the sequence's own suffix.
+"""N-gram lookup: draft what followed an earlier occurrence of the sequence's own suffix.
 
-Unlike transformers' prompt lookup, the index covers the prompt AND the text generated so far, is updated
-incrementally (each new token adds the n-grams ending at it; no rescan per step), and the drafter proposes nothing
-when no suffix matches, so no verification work is wasted on guesses.
+Unlike transformers' prompt lookup (which rescans the prompt on every step and copies the OLDEST match of at most a
+2-gram), this drafter:
+
+- indexes the prompt AND the text generated so far, incrementally: appending a token records, for each n in
+  [min_n, max_n], what followed the n-gram that ended just before it (O(max_n - min_n + 1) dict updates per token, no
+  rescan per step);
+- matches the LONGEST suffix (n from max_n down to min_n) that occurred before;
+- proposes the continuation of the most RECENT occurrence (default), or, with `strategy="frequent"`, the token that
+  most often followed it (ties: the most recent), one token at a time, looking the extended suffix up again;
+- copies continuations that run into the present as a periodic extension (after "a b a b", matching "a b" at the
+  start proposes "a b a b ..."), so repeated lines and runs draft their full length;
+- can draft fewer tokens after short matches (`short_match_tokens`), since a 1-gram match is a weak guess and every
+  extra verified token costs target compute;
+- proposes nothing when no suffix of length >= min_n occurred before.
+
+The drafter is deterministic (its q is one-hot), so sampled decoding stays exact through the usual rejection rule.
 """
 
 from __future__ import annotations
@@ -11,53 +24,154 @@ import torch
 
 from .base import Draft, Drafter
 
+STRATEGIES = ("recent", "frequent")
+
 
 class NgramIndex:
-    """For each n-gram length in [min_n, max_n]: n-gram -> end positions (exclusive) where it occurred, in order."""
+    """Continuations of every n-gram (min_n <= n <= max_n) of a growing token list.
 
-    def __init__(self, min_n: int = 1, max_n: int = 4):
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"Need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}.")
-        self.min_n, self.max_n = min_n, max_n
+    `latest[g]` is the end (exclusive) of the most recent occurrence of n-gram `g` that has a continuation, i.e. that
+    ends before the last token; `tokens[latest[g]]` is what followed it. With `count=True`, `follow[g][t]` is
+    `[times t followed g, end of the latest such occurrence]`.
+    """
+
+    def __init__(self, min_n: int = 1, max_n: int = 4, count: bool = False):
+        if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n):
+            raise ValueError(f"Need integers 1 <= min_n <= max_n, got min_n={min_n!r}, max_n={max_n!r}.")
+        self.min_n, self.max_n, self.count = min_n, max_n, count
         self.tokens: list[int] = []
-        self.table: dict[tuple[int, ...], list[int]] = {}
+        self.latest: dict[tuple[int, ...], int] = {}
+        self.follow: dict[tuple[int, ...], dict[int, list[int]]] = {}
 
-    def extend(self, new_tokens: list[int]) -> None:
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new_tokens) -> None:
+        tokens, latest, follow = self.tokens, self.latest, self.follow
+        min_n, max_n, count = self.min_n, self.max_n, self.count
         for token in new_tokens:
-            self.tokens.append(token)
-            end = len(self.tokens)
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self.table.setdefault(tuple(self.tokens[end - n : end]), []).append(end)
+            end = len(tokens)  # the n-grams ending here now have a continuation: `token`
+            for n in range(min_n, min(max_n, end) + 1):
+                key = tuple(tokens[end - n : end])
+                latest[key] = end
+                if count:
+                    entry = follow.setdefault(key, {}).get(token)
+                    if entry is None:
+                        follow[key][token] = [1, end]
+                    else:
+                        entry[0] += 1
+                        entry[1] = end
+            tokens.append(token)
 
-    def lookup(self, max_tokens: int) -> list[int]:
-        """Continuation (up to max_tokens) after the latest earlier occurrence of the longest matching suffix."""
-        end = len(self.tokens)
-        for n in range(min(self.max_n, end), self.min_n - 1, -1):
-            ends = self.table.get(tuple(self.tokens[end - n :]))
-            if ends and len(ends) > 1:  # the last entry is the suffix itself
-                start = ends[-2]
-                return self.tokens[start : start + max_tokens]
-        return []
+    def _longest_match(self, seq: list[int]) -> tuple[int, tuple[int, ...] | None]:
+        """(n, n-gram) for the longest suffix of `seq` with a recorded continuation, or (0, None)."""
+        latest, length = self.latest, len(seq)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            key = tuple(seq[length - n :])
+            if key in latest:
+                return n, key
+        return 0, None
+
+    def propose(self, max_tokens: int, strategy: str = "recent") -> tuple[list[int], int]:
+        """Up to `max_tokens` drafted tokens, and the length of the suffix match they came from (0: no match)."""
+        if max_tokens <= 0:
+            return [], 0
+        tokens = self.tokens
+        n, key = self._longest_match(tokens)
+        if key is None:
+            return [], 0
+        if strategy == "recent":
+            start = self.latest[key]
+            available = len(tokens) - start
+            if available >= max_tokens:
+                return tokens[start : start + max_tokens], n
+            # The continuation runs into the present: extend it periodically (its period is len(tokens) - start).
+            out = tokens[start:]
+            while len(out) < max_tokens:
+                out.append(out[len(out) - available])
+            return out, n
+        if strategy != "frequent":
+            raise ValueError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
+        if not self.count:
+            raise ValueError("strategy='frequent' needs an index built with count=True.")
+        seq = tokens[-self.max_n :]  # a window long enough for every lookup
+        out: list[int] = []
+        first_n = n
+        while True:
+            followers = self.follow[key]
+            best = max(followers.items(), key=lambda item: (item[1][0], item[1][1]))[0]
+            out.append(best)
+            if len(out) >= max_tokens:
+                break
+            seq.append(best)
+            n, key = self._longest_match(seq[-self.max_n :])
+            if key is None:
+                break
+        return out, first_n
 
 
 class NgramDrafter(Drafter):
-    """Prompt-and-output n-gram lookup drafter (deterministic: q is one-hot)."""
+    """Prompt-and-output n-gram lookup drafter (deterministic: q is one-hot).
+
+    Args:
+        min_ngram / max_ngram: suffix lengths tried, longest first (a match shorter than `min_ngram` drafts nothing).
+        strategy: "recent" (copy what followed the latest occurrence) or "frequent" (the most frequent follower).
+        short_match_tokens: drafts at most this many tokens when the match is shorter than `long_match`
+            (None: always up to the step's maximum). Short matches are weak guesses; on CPU a verification forward of
+            up to ~4 tokens costs no more than a plain decode step, longer ones do.
+        long_match: the match length from which the full draft length is used.
+    """
 
     default_num_draft_tokens = 8
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 4):
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+    def __init__(
+        self,
+        min_ngram: int = 1,
+        max_ngram: int = 4,
+        strategy: str = "recent",
+        short_match_tokens: int | None = None,
+        long_match: int = 3,
+    ):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
+        if short_match_tokens is not None and (not isinstance(short_match_tokens, int) or short_match_tokens < 1):
+            raise ValueError(f"short_match_tokens must be None or an integer >= 1, got {short_match_tokens!r}.")
         NgramIndex(min_ngram, max_ngram)  # validate now, not at the first generate() call
-        self.index = None
+        self.min_ngram, self.max_ngram, self.strategy = min_ngram, max_ngram, strategy
+        self.short_match_tokens, self.long_match = short_match_tokens, long_match
+        self.index: NgramIndex | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"NgramDrafter(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}, strategy={self.strategy!r}, "
+            f"short_match_tokens={self.short_match_tokens}, long_match={self.long_match})"
+        )
+
+    def _new_index(self) -> NgramIndex:
+        return NgramIndex(self.min_ngram, self.max_ngram, count=self.strategy == "frequent")
 
     def start(self, target, input_ids, generation_config, logits_processor):
         super().start(target, input_ids, generation_config, logits_processor)
         if input_ids.shape[0] != 1:
             raise ValueError("NgramDrafter drafts for one sequence at a time.")
-        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+        self.index = self._new_index()
+
+    def _sync(self, input_ids: torch.Tensor) -> None:
+        """Index the tokens `input_ids` has beyond what is indexed (a sequence that is not an extension: rebuild)."""
+        index = self.index
+        indexed = len(index) if index is not None else 0
+        length = input_ids.shape[1]
+        if index is None or length < indexed or (indexed and int(input_ids[0, indexed - 1]) != index.tokens[-1]):
+            self.index = index = self._new_index()
+            indexed = 0
+        if length > indexed:
+            index.extend(input_ids[0, indexed:].tolist())
 
     def propose(self, input_ids, max_tokens):
-        new = input_ids[0, len(self.index.tokens) :].tolist()
-        self.index.extend(new)
-        proposal = self.index.lookup(max_tokens) if max_tokens > 0 else []
-        return Draft(torch.tensor([proposal], dtype=torch.long, device=input_ids.device).view(1, -1))
+        if input_ids.shape[0] != 1:
+            raise ValueError("NgramDrafter drafts for one sequence at a time.")
+        self._sync(input_ids)
+        proposal, matched = self.index.propose(max_tokens, self.strategy) if max_tokens > 0 else ([], 0)
+        if self.short_match_tokens is not None and matched < self.long_match:
+            proposal = proposal[: self.short_match_tokens]
+        return Draft(torch.tensor(proposal, dtype=torch.long, device=input_ids.device).view(1, -1))

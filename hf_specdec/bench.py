@@ -1,0 +1,294 @@
+"""`hf-specdec bench`: plain decoding vs transformers' built-in equivalent vs hf_specdec, measured in one run.
+
+Methods are interleaved prompt by prompt so that machine noise hits all of them alike. Reported per method: tokens/s,
+speed-up vs plain, mean tokens per target forward (counted with a forward hook on the target, the same way for every
+method; plain = 1.00), acceptance by draft position (hf_specdec), and whether greedy outputs equal plain's. The costs
+behind the speed-up (target forward for 1 and k+1 tokens, drafter time per step) and the break-even figure they imply
+are measured in the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .decoding import SpeculationStats, speculative_generate
+from .drafters import DraftModelDrafter, NgramDrafter, as_drafter
+
+
+@dataclass
+class MethodResult:
+    name: str
+    new_tokens: int = 0
+    seconds: float = 0.0
+    target_forwards: int = 0
+    identical: list[bool] = field(default_factory=list)
+    stats: SpeculationStats | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+    def as_dict(self, plain_tps: float, greedy: bool) -> dict:
+        return {
+            "name": self.name,
+            "tokens_per_second": self.tokens_per_second,
+            "speedup": self.tokens_per_second / plain_tps if plain_tps else None,
+            "mean_accepted_tokens": self.new_tokens / max(self.target_forwards, 1),
+            "acceptance_by_position": self.stats.acceptance_by_position if self.stats else None,
+            "identical_to_plain": (all(self.identical) if greedy else None),
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "target_forwards": self.target_forwards,
+            "draft_seconds_per_step": (self.stats.draft_seconds / max(self.stats.target_forwards, 1)) if self.stats else None,
+        }
+
+
+def early_layers_draft_model(target, num_layers: int):
+    """An (untrained) draft model cut from the target: its first `num_layers` layers, final norm and LM head."""
+    config = target.config.__class__.from_dict(target.config.to_dict())
+    config.num_hidden_layers = num_layers
+    if hasattr(config, "layer_types") and config.layer_types is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    drafter = target.__class__(config).to(target.dtype)
+    drafter.load_state_dict(target.state_dict(), strict=False)
+    return drafter.eval()
+
+
+def resolve_assistant(spec: str | None, target, target_name: str | None = None):
+    """`ngram`, `layers:N` (target's first N layers, untrained), a folder or Hub id, or a shipped drafter name."""
+    if spec in (None, "", "best"):
+        spec = best_assistant_name(target_name)
+    if spec == "ngram":
+        return NgramDrafter()
+    if spec.startswith("layers:"):
+        return early_layers_draft_model(target, int(spec.split(":", 1)[1]))
+    from .shipped import load_shipped_drafter, shipped_drafter_names
+
+    if spec in shipped_drafter_names():
+        return load_shipped_drafter(spec, target)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(spec).to(target.device).eval()
+
+
+def best_assistant_name(target_name: str | None = None) -> str:
+    """The best drafter the project has for this target (shipped ones only exist for the default target)."""
+    from .shipped import shipped_drafter_names
+
+    if target_name in (None, "", "default"):
+        for name in ("distilled", "medusa"):
+            if name in shipped_drafter_names():
+                return name
+    return "ngram"
+
+
+def builtin_kwargs(assistant, k: int) -> dict | None:
+    """transformers' own equivalent of this drafter, if it has one."""
+    if isinstance(assistant, NgramDrafter):
+        return {"prompt_lookup_num_tokens": k}
+    if isinstance(assistant, torch.nn.Module) and hasattr(assistant, "generation_config"):
+        if hasattr(assistant, "bind_target"):
+            return None  # a drafter that borrows the target's weights is hf_specdec-only
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = 0.0
+        return {"assistant_model": assistant}
+    return None
+
+
+def _median_ms(fn, repeats=7) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+@torch.no_grad()
+def measure_target_costs(target, k: int, context: int = 200) -> dict:
+    """Median target forward time for 1 and for k+1 new tokens on a `context`-token cache, as the loop runs them."""
+    from transformers import DynamicCache
+
+    from .cpu_matmul import small_m_linear
+
+    vocab = target.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (1, context), device=target.device)
+    out = {}
+    for n in (1, k + 1):
+        def run():
+            cache = DynamicCache(config=target.config)
+            target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            new = torch.randint(0, vocab, (1, n), device=target.device)
+            t0 = time.perf_counter()
+            with small_m_linear(target.device.type == "cpu"):
+                target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+            return time.perf_counter() - t0
+
+        out[n] = statistics.median(run() for _ in range(7)) * 1000
+    return {"target_forward_ms_1": out[1], f"target_forward_ms_{k + 1}": out[k + 1], "context_tokens": context}
+
+
+def encode_prompt(tokenizer, prompt: str, device):
+    if getattr(tokenizer, "chat_template", None):
+        enc = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+    else:
+        enc = tokenizer(prompt, return_tensors="pt")
+    return {key: value.to(device) for key, value in enc.items()}
+
+
+def read_prompts(path: str, num_prompts: int | None) -> list[str]:
+    prompts = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                prompts.append(json.loads(line)["prompt"])
+    return prompts[:num_prompts] if num_prompts else prompts
+
+
+def run_bench(
+    target,
+    tokenizer,
+    assistant,
+    prompts: list[str],
+    max_new_tokens: int = 128,
+    num_draft_tokens: int = 5,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+    assistant_name: str = "",
+    target_name: str = "",
+    max_prompt_tokens: int = 1024,
+) -> dict:
+    drafter = as_drafter(assistant)
+    builtin = builtin_kwargs(assistant, num_draft_tokens)
+    forwards = [0]
+    hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
+    sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
+
+    def method_runs():
+        runs = [("plain", {})]
+        if builtin is not None:
+            runs.append(("transformers " + next(iter(builtin)), builtin))
+        stats = SpeculationStats()
+        runs.append(
+            ("hf_specdec", dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=num_draft_tokens,
+                                speculation_stats=stats))
+        )
+        return runs, stats
+
+    runs, spec_stats = method_runs()
+    results = {name: MethodResult(name) for name, _ in runs}
+    results["hf_specdec"].stats = spec_stats
+    try:
+        # Warm-up so that the first measured prompt pays no one-time costs.
+        warm = encode_prompt(tokenizer, "Hello!", target.device)
+        for _, kwargs in runs:
+            target.generate(**warm, max_new_tokens=4, **sampling, **{k: v for k, v in kwargs.items() if k != "speculation_stats"})
+        for i, prompt in enumerate(tqdm(prompts, desc="bench prompts")):
+            enc = encode_prompt(tokenizer, prompt, target.device)
+            enc = {key: value[:, -max_prompt_tokens:] for key, value in enc.items()}
+            plain_out = None
+            for name, kwargs in runs:
+                torch.manual_seed(seed + i)
+                forwards[0] = 0
+                t0 = time.perf_counter()
+                out = target.generate(**enc, max_new_tokens=max_new_tokens, **sampling, **kwargs)
+                elapsed = time.perf_counter() - t0
+                result = results[name]
+                result.seconds += elapsed
+                result.new_tokens += out.shape[1] - enc["input_ids"].shape[1]
+                result.target_forwards += forwards[0]
+                if name == "plain":
+                    plain_out = out
+                result.identical.append(torch.equal(out, plain_out))
+    finally:
+        hook.remove()
+
+    costs = measure_target_costs(target, num_draft_tokens)
+    draft_ms = 1000 * spec_stats.draft_seconds / max(spec_stats.target_forwards, 1)
+    verify_ms = costs[f"target_forward_ms_{num_draft_tokens + 1}"]
+    costs["drafter_ms_per_step"] = draft_ms
+    costs["break_even_mean_accepted_tokens"] = (draft_ms + verify_ms) / costs["target_forward_ms_1"]
+    plain_tps = results["plain"].tokens_per_second
+    return {
+        "settings": {
+            "target": target_name,
+            "assistant": assistant_name,
+            "num_prompts": len(prompts),
+            "max_new_tokens": max_new_tokens,
+            "num_draft_tokens": num_draft_tokens,
+            "do_sample": do_sample,
+            "temperature": temperature if do_sample else None,
+            "seed": seed,
+            "torch_threads": torch.get_num_threads(),
+            "device": str(target.device),
+            "dtype": str(target.dtype),
+        },
+        "methods": [r.as_dict(plain_tps, greedy=not do_sample) for r in results.values()],
+        "costs": costs,
+    }
+
+
+def format_table(report: dict) -> str:
+    rows = [
+        "| method | tokens/s | speed-up | tokens per target forward | acceptance by position | identical to plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in report["methods"]:
+        acc = "n/a" if m["acceptance_by_position"] is None else " ".join(f"{a:.2f}" for a in m["acceptance_by_position"])
+        ident = "n/a (sampling)" if m["identical_to_plain"] is None else ("yes" if m["identical_to_plain"] else "NO")
+        rows.append(
+            f"| {m['name']} | {m['tokens_per_second']:.1f} | {m['speedup']:.2f}x | {m['mean_accepted_tokens']:.2f} "
+            f"| {acc} | {ident} |"
+        )
+    c = report["costs"]
+    k = report["settings"]["num_draft_tokens"]
+    rows.append("")
+    rows.append(
+        f"Costs: target forward 1 token {c['target_forward_ms_1']:.1f} ms, {k + 1} tokens "
+        f"{c[f'target_forward_ms_{k + 1}']:.1f} ms (on a {c['context_tokens']}-token cache); drafter "
+        f"{c['drafter_ms_per_step']:.1f} ms per step; break-even at {c['break_even_mean_accepted_tokens']:.2f} "
+        "tokens per target forward."
+    )
+    return "\n".join(rows)
+
+
+def plot_report(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for m in report["methods"]:
+        if m["acceptance_by_position"]:
+            ax1.plot(range(1, len(m["acceptance_by_position"]) + 1), m["acceptance_by_position"], marker="o", label=m["name"])
+    ax1.set_xlabel("draft position")
+    ax1.set_ylabel("P(accepted | proposed)")
+    ax1.set_ylim(0, 1)
+    ax1.set_title("Acceptance by position")
+    ax1.legend()
+    names = [m["name"] for m in report["methods"]]
+    ax2.bar(names, [m["speedup"] for m in report["methods"]], color="tab:blue")
+    ax2.axhline(1.0, color="gray", linestyle="--")
+    ax2.set_ylabel("speed-up vs plain")
+    ax2.set_title("Wall-clock speed-up")
+    ax2.tick_params(axis="x", rotation=15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_json(report: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2))

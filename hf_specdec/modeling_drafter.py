@@ -1,0 +1,389 @@
+"""A small drafter that borrows its target's input embeddings and LM head.
+
+`SpecDrafterForCausalLM` is a few Llama decoder layers plus a final norm. Its token embeddings and output head are the
+TARGET's own modules, bound at run time with `bind_target(target)` (shared tensors, never copied into the drafter's
+state dict, never saved), so a drafter for SmolLM2-135M is a ~15 MB file instead of a copy of the 28M-parameter
+embedding matrix.
+
+Reduced output vocabulary (FR-Spec style): with `draft_vocab_size=N` the drafter keeps a `draft_vocab` buffer, the ids
+of the N target tokens it may propose (the most frequent ones in its training data), and computes logits only for
+those rows of the target's LM head: on a CPU the 49152-row head is most of a small drafter's cost. `forward` still
+returns FULL-vocabulary logits, -inf outside the subset, so `DraftModelDrafter`, greedy and sampling stay exact: the
+target verifies every token, a drafter only decides how many are accepted.
+
+    import hf_specdec, hf_specdec.modeling_drafter  # the import registers the model type with the Auto classes
+    drafter = AutoModelForCausalLM.from_pretrained("path/to/drafter")
+    target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter, do_sample=False)
+
+`speculative_generate` binds the drafter to the target it decodes with; call `drafter.bind_target(target)` yourself
+to use the drafter on its own (training, `drafter.generate()`).
+"""
+
+from __future__ import annotations
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_rope_utils import RopeParameters
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.utils.deprecation import deprecate_kwarg
+
+MODEL_TYPE = "hf_specdec_drafter"
+
+
+class TargetNotBoundError(RuntimeError):
+    """The drafter was used before `bind_target(target)`: it has no embeddings / LM head of its own."""
+
+
+_NOT_BOUND = (
+    "This SpecDrafterForCausalLM has no input embeddings or LM head of its own: it borrows its target's. Call "
+    "`drafter.bind_target(target)` first, or pass it as `assistant=` to the target's `generate(..., "
+    "custom_generate=hf_specdec.speculative_generate)`, which binds it."
+)
+
+
+@strict
+class SpecDrafterConfig(PreTrainedConfig):
+    r"""Configuration of a `SpecDrafterForCausalLM`, plus what the drafter is for.
+
+    vocab_size: the TARGET's full vocabulary (the drafter proposes target token ids).
+    draft_vocab_size: size of the reduced output vocabulary (0 or None: the full vocabulary).
+    save_dtype: dtype of the weights on disk ("float16" halves the file; weights are cast back on load).
+    target_name_or_path / target_quantization: the target this drafter was distilled to, as deployed
+        ("none", "8bit" or "4bit" bitsandbytes).
+    num_draft_tokens_eval: draft length k of the acceptance figures in `measured`.
+    training: how it was trained (data, loss, steps, command...). measured: acceptance figures from the eval.
+    """
+
+    model_type = MODEL_TYPE
+
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 9
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-5
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    mlp_bias: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = False
+    draft_vocab_size: int | None = 0
+    save_dtype: str | None = "float16"
+    target_name_or_path: str | None = None
+    target_quantization: str | None = "none"
+    num_draft_tokens_eval: int = 5
+    training: dict | None = None
+    measured: dict | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.draft_vocab_size and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size={self.vocab_size} (or 0 for the full vocabulary).")
+        super().__post_init__(**kwargs)
+
+
+class _TargetLink:
+    """The target's embedding and head modules, held outside the nn.Module tree: not parameters, not in the state
+    dict, not moved by `.to()`, not broadcast by DDP, and shared (not duplicated) by `copy.deepcopy`."""
+
+    def __init__(self, target: PreTrainedModel):
+        self.target = target
+        self.embed = target.get_input_embeddings()
+        self.head = target.get_output_embeddings()
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class BorrowedEmbedding(nn.Module):
+    """Stands in for `embed_tokens`: calls the bound target's own input-embedding module (any scaling included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.link: _TargetLink | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        if self.link is None:
+            raise AttributeError(_NOT_BOUND)
+        return self.link.embed.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.link is None:
+            raise TargetNotBoundError(_NOT_BOUND)
+        return self.link.embed(input_ids)
+
+
+class BorrowedLMHead(nn.Module):
+    """The target's LM head, restricted to the `draft_vocab` rows when the drafter has a reduced vocabulary.
+
+    The rows are gathered once per binding (a cached, unsaved copy of `draft_vocab_size` rows, 4.7 MB for
+    8192 x 576 in fp32) rather than on every call; with the full vocabulary the target's weight is used as is.
+    """
+
+    def __init__(self, config: SpecDrafterConfig):
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.link: _TargetLink | None = None
+        self._rows: tuple | None = None  # (key, weight rows, bias rows)
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        if self.link is None:
+            raise AttributeError(_NOT_BOUND)
+        return self.link.head.weight
+
+    def _weight_rows(self, dtype: torch.dtype):
+        weight, bias = self.link.head.weight, getattr(self.link.head, "bias", None)
+        ids = self.draft_vocab
+        key = (weight.data_ptr(), weight._version, dtype, None if ids is None else (ids.data_ptr(), ids._version))
+        if self._rows is None or self._rows[0] != key:
+            with torch.no_grad():
+                w = weight.detach() if ids is None else weight.detach().index_select(0, ids.to(weight.device))
+                b = None if bias is None else (bias.detach() if ids is None else bias.detach()[ids])
+                self._rows = (key, w.to(dtype), None if b is None else b.to(dtype))
+        return self._rows[1], self._rows[2]
+
+    def forward(self, hidden: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
+        """Logits `[..., vocab_size]` (-inf outside the draft vocabulary), or `[..., draft_vocab_size]` columns in
+        `draft_vocab` order when `full_vocab=False` (what training uses: no 49k-wide tensor)."""
+        if self.link is None:
+            raise TargetNotBoundError(_NOT_BOUND)
+        weight, bias = self._weight_rows(hidden.dtype)
+        logits = nn.functional.linear(hidden, weight, bias)
+        if self.draft_vocab is None or not full_vocab:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab, logits)
+
+    def extra_repr(self) -> str:
+        n = "full" if self.draft_vocab is None else len(self.draft_vocab)
+        return f"vocab_size={self.vocab_size}, draft_vocab={n}, bound={self.link is not None}"
+
+
+class SpecDrafterPreTrainedModel(PreTrainedModel):
+    config: SpecDrafterConfig
+    config_class = SpecDrafterConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LlamaDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+
+class SpecDrafterModel(SpecDrafterPreTrainedModel):
+    """The decoder stack: borrowed embeddings -> Llama decoder layers -> own final norm."""
+
+    def __init__(self, config: SpecDrafterConfig):
+        super().__init__(config)
+        self.embed_tokens = BorrowedEmbedding()
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, **kwargs) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden = inputs_embeds.to(self.norm.weight.dtype)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
+        mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden, attention_mask=attention_mask, cache=cache,
+            position_ids=position_ids,
+        )
+        position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        for layer in self.layers:
+            hidden = layer(
+                hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
+                cache=cache, use_cache=use_cache, **kwargs,
+            )
+        return self.norm(hidden), cache
+
+
+class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
+    """A small Llama-style drafter whose input embeddings and LM head are its target's (see the module docstring)."""
+
+    def __init__(self, config: SpecDrafterConfig):
+        super().__init__(config)
+        self.model = SpecDrafterModel(config)
+        self.lm_head = BorrowedLMHead(config)
+        self.post_init()
+
+    # --- the target's modules ---
+    def bind_target(self, target: PreTrainedModel) -> "SpecDrafterForCausalLM":
+        """Borrow `target`'s input embeddings and LM head (shared, not copied). Idempotent; returns self."""
+        link = self.lm_head.link
+        if link is not None and link.target is target:
+            return self
+        text = target.config.get_text_config()
+        if text.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"This drafter proposes ids of a {self.config.vocab_size}-token vocabulary but the target has "
+                f"{text.vocab_size}: it was trained for another target ({self.config.target_name_or_path!r})."
+            )
+        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embed is None or head is None or getattr(head, "weight", None) is None:
+            raise ValueError(f"The target {type(target).__name__} exposes no input embeddings / LM head to borrow.")
+        if not head.weight.is_floating_point():
+            raise ValueError("The target's LM head is quantized; keep it in floating point (bitsandbytes skips it by default).")
+        hidden = self.config.hidden_size
+        if head.weight.shape[-1] != hidden or embed.weight.shape[-1] != hidden:
+            raise ValueError(
+                f"The drafter's hidden size is {hidden} but the target's embeddings / LM head have width "
+                f"{embed.weight.shape[-1]} / {head.weight.shape[-1]}: it was trained for another target "
+                f"({self.config.target_name_or_path!r})."
+            )
+        if head.weight.shape[0] < self.config.vocab_size:
+            raise ValueError(f"The target's LM head has {head.weight.shape[0]} rows, fewer than its vocabulary.")
+        link = _TargetLink(target)
+        self.model.embed_tokens.link = link
+        self.lm_head.link = link
+        self.lm_head._rows = None
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self.lm_head.link is not None
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """Ids of the target tokens the drafter may propose (None: all of them)."""
+        return self.lm_head.draft_vocab
+
+    def set_draft_vocab(self, token_ids) -> None:
+        """Set the reduced output vocabulary (ids are sorted; their number must equal `config.draft_vocab_size`)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()  # sorted, distinct
+        if self.lm_head.draft_vocab is None or ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"Expected {self.config.draft_vocab_size} distinct ids, got {ids.numel()}.")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError("draft vocabulary ids must lie in [0, vocab_size).")
+        self.lm_head.draft_vocab.copy_(ids.to(self.lm_head.draft_vocab.device))
+        self.lm_head._rows = None
+
+    # --- forward ---
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        full_vocab_logits: bool = True,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """As `LlamaForCausalLM.forward`, plus: `full_vocab_logits=False` returns only the draft-vocabulary columns
+        (in `draft_vocab` order), and `logits_to_keep` may be a `[B, L]` bool mask (logits `[N, V]` for its True
+        positions, row-major)."""
+        if not self.is_bound:
+            raise TargetNotBoundError(_NOT_BOUND)
+        for unused in ("output_attentions", "output_hidden_states", "return_dict"):
+            kwargs.pop(unused, None)
+        hidden, cache = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs,
+        )
+        if isinstance(logits_to_keep, int):
+            hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        elif logits_to_keep.dtype == torch.bool and logits_to_keep.dim() == 2:
+            hidden = hidden[logits_to_keep]  # [B, L] mask -> [N, hidden]: only the positions a loss needs
+        else:
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden, full_vocab=full_vocab_logits)
+        loss = None
+        if labels is not None:  # plain next-token cross-entropy, over the full vocabulary
+            shift = logits[:, :-1].float()
+            loss = nn.functional.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+    # --- saving: the drafter's own weights only, in `config.save_dtype` ---
+    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
+        if state_dict is None and self.config.save_dtype:
+            dtype = getattr(torch, self.config.save_dtype)
+            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
+
+def drafter_config_from_target(target_config, num_hidden_layers: int = 2, intermediate_size: int | None = None,
+                               draft_vocab_size: int = 0, **kwargs) -> SpecDrafterConfig:
+    """A drafter config with the target's width, heads, RoPE and vocabulary (Llama-like text configs)."""
+    text = target_config.get_text_config()
+    rope = getattr(text, "rope_parameters", None)
+    if rope is not None and "rope_type" not in rope:  # per-layer-type RoPE: take the full-attention one
+        rope = rope.get("full_attention", next(iter(rope.values())))
+    heads = text.num_attention_heads
+    return SpecDrafterConfig(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=intermediate_size or getattr(text, "intermediate_size", 4 * text.hidden_size),
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        hidden_act=getattr(text, "hidden_act", "silu"),
+        max_position_embeddings=getattr(text, "max_position_embeddings", 8192),
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-5),
+        rope_parameters=dict(rope) if rope else None,
+        attention_bias=getattr(text, "attention_bias", False),
+        mlp_bias=getattr(text, "mlp_bias", False),
+        pad_token_id=text.pad_token_id,
+        bos_token_id=text.bos_token_id,
+        eos_token_id=text.eos_token_id,
+        draft_vocab_size=draft_vocab_size,
+        **kwargs,
+    )
+
+
+AutoConfig.register(MODEL_TYPE, SpecDrafterConfig, exist_ok=True)
+AutoModelForCausalLM.register(SpecDrafterConfig, SpecDrafterForCausalLM, exist_ok=True)
+
+__all__ = [
+    "SpecDrafterConfig",
+    "SpecDrafterModel",
+    "SpecDrafterForCausalLM",
+    "TargetNotBoundError",
+    "drafter_config_from_target",
+]

@@ -1,0 +1,61 @@
+"""`hf-specdec bench` on a tiny random model writes well-formed JSON (and a plot) with every field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_specdec.cli import main
+from tests.conftest import tiny_char_tokenizer, tiny_llama
+
+FIELDS = {"name", "tokens_per_second", "speedup", "mean_accepted_tokens", "acceptance_by_position", "identical_to_plain"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = tiny_llama()
+    tokenizer = tiny_char_tokenizer()
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    tiny_llama(seed=5, layers=1).save_pretrained(root / "drafter")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": str(i), "prompt": p}) for i, p in enumerate(["abcabc", "hello", "xyz"])))
+    return root, prompts
+
+
+@pytest.mark.parametrize("assistant, builtin", [("ngram", "transformers prompt_lookup_num_tokens"),
+                                                ("drafter", "transformers assistant_model")])
+def test_bench_writes_json_and_plot(folders, assistant, builtin, capsys):
+    root, prompts = folders
+    out_json, out_png = root / f"{assistant}.json", root / f"{assistant}.png"
+    spec = assistant if assistant == "ngram" else str(root / assistant)
+    code = main(["bench", "--target", str(root / "target"), "--assistant", spec, "--prompts", str(prompts),
+                 "--num-prompts", "2", "--max-new-tokens", "12", "--num-draft-tokens", "3",
+                 "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    report = json.loads(out_json.read_text())
+    names = [m["name"] for m in report["methods"]]
+    assert names == ["plain", builtin, "hf_specdec"]
+    for method in report["methods"]:
+        assert FIELDS <= set(method)
+        assert method["identical_to_plain"] is True
+        assert method["tokens_per_second"] > 0
+    assert report["methods"][0]["mean_accepted_tokens"] == 1.0
+    assert len(report["methods"][2]["acceptance_by_position"]) == 3
+    assert {"num_prompts", "max_new_tokens", "num_draft_tokens", "do_sample"} <= set(report["settings"])
+    assert report["costs"]["break_even_mean_accepted_tokens"] > 0
+    assert out_png.stat().st_size > 1000
+    assert "| hf_specdec |" in capsys.readouterr().out
+
+
+def test_bench_sampling_mode(folders):
+    root, prompts = folders
+    out_json = root / "sample.json"
+    assert main(["bench", "--target", str(root / "target"), "--assistant", "ngram", "--prompts", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "8", "--do-sample", "--temperature", "0.8",
+                 "--seed", "3", "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    assert all(m["identical_to_plain"] is None for m in report["methods"])
+    assert report["settings"]["do_sample"] is True
