@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cpu_matmul import small_m_linear
+from .draft_length import as_draft_length_policy
 from .drafters import Draft, Drafter, as_drafter
 from .verification import greedy_accept, one_hot_probs, rejection_sample
 
@@ -158,7 +159,7 @@ class _TargetRunner:
 def speculative_step(sequence, drafter, target, max_draft, logits_processor, do_sample, stats):
     """One step: draft, verify in one target forward, accept a prefix, roll the cache back.
 
-    Returns `(emitted [1, n+1], num_accepted, raw_logits [1, k+1, V], scores [1, k+1, V])`.
+    Returns `(emitted [1, n+1], num_drafted k, num_accepted n, raw_logits [1, k+1, V], scores [1, k+1, V])`.
     """
     # 1. Draft up to `max_draft` tokens (a drafter may propose fewer, or none).
     t0 = time.perf_counter()
@@ -188,7 +189,7 @@ def speculative_step(sequence, drafter, target, max_draft, logits_processor, do_
     target.keep_accepted(num_rejected=k - n, num_emitted=n + 1)
     emitted = torch.cat([draft.tokens[:, :n], next_token[:, None]], dim=1)
     stats.record(num_drafted=k, num_accepted=n, num_emitted=n + 1)
-    return emitted, n, raw_logits, scores
+    return emitted, k, n, raw_logits, scores
 
 
 @torch.no_grad()
@@ -202,6 +203,7 @@ def speculative_generate(
     assistant=None,
     num_draft_tokens: int | None = None,
     speculation_stats: SpeculationStats | None = None,
+    draft_length="constant",
     fast_cpu_verify: bool = True,
     hf_specdec_streamer=None,
     **model_kwargs,
@@ -211,9 +213,11 @@ def speculative_generate(
     Greedy output is token-identical to plain greedy `generate()`; sampled output has exactly the target's
     distribution (after every logits processor and warper `generate()` built). Extra arguments:
     `assistant` (draft model, Drafter, 'ngram' or CandidateGenerator), `num_draft_tokens` (max drafts per step),
-    `speculation_stats` (a `SpeculationStats` to accumulate into), `fast_cpu_verify` (see `cpu_matmul`).
+    `speculation_stats` (a `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a policy,
+    see `draft_length.py`; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`).
     """
     drafter, k = validate_request(model, input_ids, generation_config, assistant, num_draft_tokens)
+    policy = as_draft_length_policy(draft_length)
     unsupported = set(k for k, v in model_kwargs.items() if v is not None) - _MODEL_KWARGS_HANDLED
     if unsupported:
         raise ValueError(f"Speculative decoding does not support these generate() inputs: {sorted(unsupported)}.")
@@ -221,6 +225,8 @@ def speculative_generate(
         raise ValueError("synced_gpus is not supported with speculative decoding.")
     streamer = hf_specdec_streamer
     stats = speculation_stats if speculation_stats is not None else SpeculationStats()
+    policy.start(k)
+    drafter.confidence_threshold = policy.confidence_threshold  # drafters that know their confidence may stop early
     drafter.start(model, input_ids, generation_config, logits_processor)
 
     cache = model_kwargs.get("cache")
@@ -242,10 +248,11 @@ def speculative_generate(
     finished = sequence.shape[1] >= max_length
     while not finished:
         # Drafts past max_length could never be emitted: the step emits up to max_draft + 1 tokens.
-        max_draft = min(k, max_length - sequence.shape[1] - 1)
-        emitted, n, raw_logits, scores = speculative_step(
+        max_draft = min(policy.next_length(), max_length - sequence.shape[1] - 1)
+        emitted, num_drafted, n, raw_logits, scores = speculative_step(
             sequence, drafter, target, max_draft, logits_processor, generation_config.do_sample, stats
         )
+        policy.update(num_drafted, n)
         # Append token by token so that every stopping criterion (EOS, stop strings, custom) cuts exactly where
         # plain decoding would have stopped.
         for j in range(n + 1):

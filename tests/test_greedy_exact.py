@@ -108,3 +108,39 @@ def test_fast_cpu_verify_off_is_also_exact():
             assistant=drafter, num_draft_tokens=3, fast_cpu_verify=False,
         )
         assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "gpt2"])
+def test_adaptive_draft_length_is_exact(arch_name):
+    target = ARCHITECTURES[arch_name]()
+    assistant = perturbed_copy(target, scale=0.3)
+    stats = SpeculationStats()
+    for prompt in PROMPTS[:25]:
+        expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        out = target.generate(
+            prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
+            assistant=assistant, num_draft_tokens=6, draft_length="adaptive", speculation_stats=stats,
+        )
+        assert torch.equal(out, expected)
+    # the policy really varied the length: some steps drafted fewer than the cap
+    assert stats.drafted_by_position[0] > stats.drafted_by_position[-1]
+
+
+def test_adaptive_policy_moves_within_bounds():
+    from hf_specdec.draft_length import AdaptiveDraftLength, as_draft_length_policy
+
+    policy = AdaptiveDraftLength(min_length=1)
+    policy.start(4)
+    assert policy.next_length() == 4
+    policy.update(4, 1)
+    policy.update(3, 0)
+    policy.update(2, 0)
+    policy.update(1, 0)
+    assert policy.next_length() == 1
+    policy.update(1, 1)
+    assert policy.next_length() == 2
+    for _ in range(5):
+        policy.update(policy.next_length(), policy.next_length())
+    assert policy.next_length() == 4
+    with pytest.raises(ValueError, match="draft_length must be"):
+        as_draft_length_policy("sometimes")

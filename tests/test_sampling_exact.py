@@ -79,3 +79,16 @@ def test_plain_generate_passes_the_same_test(models):
     exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **kwargs), NUM_TOKENS)
     samples = sample_sequences(lambda: target.generate(PROMPT, **kwargs), PROMPT.shape[1], 5_000)
     assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+def test_adaptive_draft_length_sampling_matches_target(models):
+    """Early stops decided from q before drawing keep the output distribution exact."""
+    target, drafter = models
+    kwargs = dict(do_sample=True, max_new_tokens=NUM_TOKENS, **CONFIGS["temperature_top_k"])
+    exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **kwargs), NUM_TOKENS)
+    samples = sample_sequences(
+        lambda: target.generate(PROMPT, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3,
+                                draft_length="adaptive", **kwargs),
+        PROMPT.shape[1], NUM_SAMPLES, seed=11,
+    )
+    assert chi_square_pvalue(samples, exact) > 1e-3

@@ -39,6 +39,9 @@ class Drafter(CandidateGenerator):
 
     #: draft length used when the caller does not pass `num_draft_tokens`
     default_num_draft_tokens: int = 5
+    #: set by the loop from the draft-length policy: drafters that know their confidence stop drafting when their top
+    #: probability falls below it (None = never stop early). Decide from the distribution only, before drawing.
+    confidence_threshold: float | None = None
 
     def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""

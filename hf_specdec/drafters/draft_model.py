@@ -69,8 +69,10 @@ class DraftModelDrafter(Drafter):
             scores = self._forward(new_ids)
             if self.logits_processor:
                 scores = self.logits_processor(sequence, scores)
+            q = scores.softmax(dim=-1) if self.do_sample or self.confidence_threshold is not None else None
+            if tokens and self.confidence_threshold is not None and q.max() < self.confidence_threshold:
+                break  # not confident: let the target take it from here (decided before drawing, so exact)
             if self.do_sample:
-                q = scores.softmax(dim=-1)
                 token = torch.multinomial(q, 1)
                 probs.append(q)
             else:
