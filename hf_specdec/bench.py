@@ -40,7 +40,11 @@ class MethodResult:
             "name": self.name,
             "tokens_per_second": self.tokens_per_second,
             "speedup": self.tokens_per_second / plain_tps if plain_tps else None,
-            "mean_accepted_tokens": self.new_tokens / max(self.target_forwards, 1),
+            # per row and target forward, the bonus token included; plain decoding = 1.00 by definition
+            "mean_accepted_tokens": (
+                self.stats.mean_accepted_tokens if self.stats else
+                1.0 if self.name == "plain" else self.new_tokens / max(self.target_forwards, 1)
+            ),
             "acceptance_by_position": self.stats.acceptance_by_position if self.stats else None,
             "identical_to_plain": (all(self.identical) if greedy else None),
             "new_tokens": self.new_tokens,
@@ -146,6 +150,32 @@ def encode_prompt(tokenizer, prompt: str, device):
     return {key: value.to(device) for key, value in enc.items()}
 
 
+def encode_batch(tokenizer, prompts: list[str], device, max_prompt_tokens: int = 1024) -> dict:
+    """Left-padded batch of (chat-templated) prompts, as batched generate() expects."""
+    rows = [encode_prompt(tokenizer, p, device)["input_ids"][0, -max_prompt_tokens:] for p in prompts]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r) :] = r
+        mask[b, width - len(r) :] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def count_new_tokens(out: torch.Tensor, prompt_len: int, eos_ids: set[int], pad_id: int | None) -> int:
+    """Generated tokens over the batch, up to and including each row's EOS (padding after it does not count)."""
+    total = 0
+    for row in out[:, prompt_len:].tolist():
+        n = len(row)
+        for i, t in enumerate(row):
+            if t in eos_ids:
+                n = i + 1
+                break
+        total += n
+    return total
+
+
 def read_prompts(path: str, num_prompts: int | None) -> list[str]:
     prompts = []
     with open(path) as f:
@@ -168,9 +198,12 @@ def run_bench(
     assistant_name: str = "",
     target_name: str = "",
     max_prompt_tokens: int = 1024,
+    batch_size: int = 1,
+    adaptive: bool = False,
 ) -> dict:
     drafter = as_drafter(assistant)
-    builtin = builtin_kwargs(assistant, num_draft_tokens)
+    # transformers' assisted decoding is batch size 1 only
+    builtin = builtin_kwargs(assistant, num_draft_tokens) if batch_size == 1 else None
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
@@ -179,34 +212,41 @@ def run_bench(
         runs = [("plain", {})]
         if builtin is not None:
             runs.append(("transformers " + next(iter(builtin)), builtin))
-        stats = SpeculationStats()
-        runs.append(
-            ("hf_specdec", dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=num_draft_tokens,
-                                speculation_stats=stats))
-        )
+        stats = {}
+        for name, length in [("hf_specdec", "constant")] + ([("hf_specdec adaptive", "adaptive")] if adaptive else []):
+            stats[name] = SpeculationStats()
+            runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=length,
+                                    num_draft_tokens=num_draft_tokens, speculation_stats=stats[name])))
         return runs, stats
 
-    runs, spec_stats = method_runs()
+    runs, all_stats = method_runs()
+    spec_stats = all_stats["hf_specdec"]
     results = {name: MethodResult(name) for name, _ in runs}
-    results["hf_specdec"].stats = spec_stats
+    for name, st in all_stats.items():
+        results[name].stats = st
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         # Warm-up so that the first measured prompt pays no one-time costs.
         warm = encode_prompt(tokenizer, "Hello!", target.device)
         for _, kwargs in runs:
             target.generate(**warm, max_new_tokens=4, **sampling, **{k: v for k, v in kwargs.items() if k != "speculation_stats"})
-        for i, prompt in enumerate(tqdm(prompts, desc="bench prompts")):
-            enc = encode_prompt(tokenizer, prompt, target.device)
-            enc = {key: value[:, -max_prompt_tokens:] for key, value in enc.items()}
+        groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+        for i, group in enumerate(tqdm(groups, desc=f"bench (batches of {batch_size})")):
+            enc = encode_batch(tokenizer, group, target.device, max_prompt_tokens)
+            if batch_size == 1:
+                enc.pop("attention_mask")
             plain_out = None
             for name, kwargs in runs:
                 torch.manual_seed(seed + i)
                 forwards[0] = 0
                 t0 = time.perf_counter()
-                out = target.generate(**enc, max_new_tokens=max_new_tokens, **sampling, **kwargs)
+                out = target.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling, **kwargs)
                 elapsed = time.perf_counter() - t0
                 result = results[name]
                 result.seconds += elapsed
-                result.new_tokens += out.shape[1] - enc["input_ids"].shape[1]
+                result.new_tokens += count_new_tokens(out, enc["input_ids"].shape[1], eos_ids, pad_id)
                 result.target_forwards += forwards[0]
                 if name == "plain":
                     plain_out = out
@@ -230,6 +270,7 @@ def run_bench(
             "do_sample": do_sample,
             "temperature": temperature if do_sample else None,
             "seed": seed,
+            "batch_size": batch_size,
             "torch_threads": torch.get_num_threads(),
             "device": str(target.device),
             "dtype": str(target.dtype),
@@ -241,6 +282,8 @@ def run_bench(
 
 def format_table(report: dict) -> str:
     rows = [
+        f"batch size {report['settings'].get('batch_size', 1)}; tokens/s = generated tokens over the batch per second",
+        "",
         "| method | tokens/s | speed-up | tokens per target forward | acceptance by position | identical to plain |",
         "|---|---|---|---|---|---|",
     ]

@@ -80,6 +80,7 @@ def bench(args) -> int:
         target, tokenizer, assistant, prompts, max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens, do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, assistant_name=assistant_name, target_name=args.target or "default",
+        batch_size=args.batch_size, adaptive=args.adaptive,
     )
     report["settings"]["prompts"] = args.prompts
     report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
@@ -116,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--do-sample", action="store_true")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (left-padded)")
+    p.add_argument("--adaptive", action="store_true", help="also run hf_specdec with draft_length='adaptive'")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=int, default=None)

@@ -7,7 +7,6 @@ ONE target forward, accept a prefix by an exact rule, roll the cache back, appen
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -15,8 +14,8 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .cpu_matmul import small_m_linear
 from .draft_length import as_draft_length_policy
+from .ragged_cache import RaggedKV
 from .drafters import Draft, Drafter, as_drafter
 from .verification import greedy_accept, one_hot_probs, rejection_sample
 
@@ -25,7 +24,11 @@ _MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache",
 
 @dataclass
 class SpeculationStats:
-    """What speculation did during one or more `generate()` calls (accumulates when passed to several)."""
+    """What speculation did during one or more `generate()` calls (accumulates when passed to several).
+
+    Counted per row: a batched target forward counts once for each row it verified, so `mean_accepted_tokens` is the
+    tokens a row gains per target forward whatever the batch size.
+    """
 
     target_forwards: int = 0
     emitted_tokens: int = 0
@@ -98,8 +101,6 @@ def validate_request(model, input_ids, generation_config, assistant, num_draft_t
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("output_attentions / output_hidden_states are not supported with speculative decoding.")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"Speculative decoding runs one prompt at a time for now (got a batch of {input_ids.shape[0]}).")
     drafter = as_drafter(assistant)
     k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -115,81 +116,119 @@ def validate_request(model, input_ids, generation_config, assistant, num_draft_t
     return drafter, k
 
 
-class _TargetRunner:
-    """Feeds the target the tokens its cache lacks plus the drafts, with the right positions and mask."""
-
-    def __init__(self, model, cache, attention_mask, fast_cpu_verify: bool):
-        self.model = model
-        self.cache = cache
-        self.attention_mask = attention_mask  # 2D, covers the accepted sequence; None when nothing is padded
-        params = inspect.signature(model.forward).parameters
-        self.pass_positions = "position_ids" in params
-        self.keep_logits = model._supports_logits_to_keep()
-        self.fast_cpu_verify = fast_cpu_verify and model.device.type == "cpu"
-
-    @property
-    def cached(self) -> int:
-        return int(self.cache.get_seq_length())
-
-    def forward(self, new_ids: torch.Tensor, num_logits: int) -> torch.Tensor:
-        start = self.cached
-        kwargs = {}
-        if self.attention_mask is not None:
-            pending = start + new_ids.shape[1] - self.attention_mask.shape[1]
-            mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(1, pending)], dim=1)
-            kwargs["attention_mask"] = mask
-            if self.pass_positions:
-                positions = mask.long().cumsum(-1) - 1
-                kwargs["position_ids"] = positions.masked_fill(mask == 0, 1)[:, start:]
-        elif self.pass_positions:
-            kwargs["position_ids"] = torch.arange(start, start + new_ids.shape[1], device=new_ids.device)[None]
-        if self.keep_logits:
-            kwargs["logits_to_keep"] = num_logits
-        with small_m_linear(self.fast_cpu_verify):
-            out = self.model(input_ids=new_ids, cache=self.cache, use_cache=True, **kwargs)
-        return out.logits[:, -num_logits:].float()
-
-    def keep_accepted(self, num_rejected: int, num_emitted: int) -> None:
-        if num_rejected:
-            self.cache.crop(-num_rejected)
-        if self.attention_mask is not None:
-            self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(1, num_emitted)], 1)
+def validate_batch(model, drafter: Drafter, batch_size: int, generation_config, cache) -> None:
+    """What batch > 1 needs beyond batch 1 (see the design note in ragged_cache.py)."""
+    if batch_size == 1:
+        return
+    if not drafter.supports_batch:
+        raise ValueError(
+            f"{type(drafter).__name__} drafts for one sequence at a time; run the prompts one by one, or use a drafter "
+            "that supports batches (a draft model, 'ngram')."
+        )
+    if any(t == "sliding_attention" for t in (getattr(model.config, "layer_types", None) or [])):
+        raise ValueError("Batched speculative decoding does not support sliding-window attention targets; use batch 1.")
+    if not isinstance(cache, DynamicCache) or type(cache).__name__ != "DynamicCache":
+        raise ValueError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
+    if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
+        raise ValueError("output_scores / output_logits are supported for batch 1 only.")
+    if generation_config._pad_token_tensor is None:
+        raise ValueError("Batched generation needs a pad token: set pad_token_id.")
 
 
-def speculative_step(sequence, drafter, target, max_draft, logits_processor, do_sample, stats):
-    """One step: draft, verify in one target forward, accept a prefix, roll the cache back.
+def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_processor, do_sample, stats):
+    """One step for every active row: draft, verify in ONE target forward, accept a prefix per row, roll back.
 
-    Returns `(emitted [1, n+1], num_drafted k, num_accepted n, raw_logits [1, k+1, V], scores [1, k+1, V])`.
+    Returns `(emitted [B, k+1], num_emitted [B], raw_logits [B, k+1, V], scores [B, k+1, V], num_drafted)`; row b
+    emits `emitted[b, :num_emitted[b]]` (its accepted drafts, then the target's own token).
     """
-    # 1. Draft up to `max_draft` tokens (a drafter may propose fewer, or none).
+    # 1. Draft up to `max_draft` tokens per row (a drafter may propose fewer, or none).
     t0 = time.perf_counter()
-    draft: Draft = drafter.propose(sequence, max_draft) if max_draft > 0 else Draft(sequence[:, :0])
+    draft: Draft = drafter_propose(drafter, batch, max_draft)
     k = draft.num_tokens
+    num_valid = draft.num_valid if draft.num_valid is not None else torch.full_like(batch.lengths, k)
     t1 = time.perf_counter()
 
-    # 2. Verify: the uncached tail of the sequence plus all drafts in ONE target forward; k+1 next-token logits.
-    raw_logits = target.forward(torch.cat([sequence[:, target.cached :], draft.tokens], dim=1), k + 1)
-    candidate = torch.cat([sequence, draft.tokens], dim=1)
+    # 2. Verify: each row's uncached tokens (its last token; the whole prompt at first) plus all drafts, one forward.
+    pending, pending_valid = batch.uncached_block()  # [B, u]; the same u for every row
+    valid = torch.arange(k, device=num_valid.device)[None] < num_valid[:, None]
+    new_ids = torch.cat([pending, draft.tokens], dim=1)
+    new_valid = torch.cat([pending_valid, valid], dim=1)
+    raw_logits = target.forward(new_ids, new_valid, k + 1)
     scores = raw_logits.clone()
     if logits_processor:
-        for i in range(k + 1):  # the processors see the exact prefix each position is conditioned on
-            scores[:, i] = logits_processor(candidate[:, : sequence.shape[1] + i], raw_logits[:, i].clone())
+        for b in range(batch.size):  # each row's processors see the exact prefix that position is conditioned on
+            row = torch.cat([batch.row(b), draft.tokens[b]])[None]
+            for i in range(k + 1):
+                length = int(batch.lengths[b]) + i
+                scores[b : b + 1, i] = logits_processor(row[:, :length], raw_logits[b : b + 1, i].clone())
     stats.draft_seconds += t1 - t0
     stats.target_seconds += time.perf_counter() - t1
 
-    # 3. Accept a prefix by an exact rule; the next token always comes from the target.
+    # 3. Accept a prefix per row by an exact rule; the next token always comes from the target.
     if do_sample:
         q = draft.probs if draft.probs is not None else one_hot_probs(draft.tokens, scores.shape[-1])
-        num_accepted, next_token = rejection_sample(draft.tokens, q, scores.softmax(dim=-1))
+        num_accepted, next_token = rejection_sample(draft.tokens, q, scores.softmax(dim=-1), num_valid=num_valid)
     else:
-        num_accepted, next_token = greedy_accept(draft.tokens, scores)
-    n = int(num_accepted[0])
+        num_accepted, next_token = greedy_accept(draft.tokens, scores, num_valid=num_valid)
 
-    # 4. Keep the cache entries of the accepted tokens only.
-    target.keep_accepted(num_rejected=k - n, num_emitted=n + 1)
-    emitted = torch.cat([draft.tokens[:, :n], next_token[:, None]], dim=1)
-    stats.record(num_drafted=k, num_accepted=n, num_emitted=n + 1)
-    return emitted, k, n, raw_logits, scores
+    # 4. Keep the cache slots of each row's accepted tokens; rejected ones become holes or are cropped.
+    target.keep(num_new=k, num_kept=num_accepted)
+    emitted = torch.cat([draft.tokens, next_token[:, None]], dim=1)
+    emitted.scatter_(1, num_accepted[:, None], next_token[:, None])  # the target's token right after the prefix
+    for b in range(batch.size):
+        stats.record(num_drafted=int(num_valid[b]), num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
+    return emitted, num_accepted + 1, raw_logits, scores, k
+
+
+def drafter_propose(drafter: Drafter, batch: "RowBatch", max_draft: int) -> Draft:
+    if max_draft <= 0:
+        return Draft(batch.lengths.new_zeros(batch.size, 0))
+    if drafter.supports_batch:
+        return drafter.propose(batch.right_padded(), max_draft, lengths=batch.lengths)
+    return drafter.propose(batch.row(0)[None], max_draft)
+
+
+class RowBatch:
+    """The active rows' sequences (prompt with its own left padding, then generated tokens), growing independently."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int):
+        self.rows = [row for row in input_ids]
+        self.prompt_mask = attention_mask.bool()
+        self.original_index = list(range(input_ids.shape[0]))
+        self.pad = pad_token_id
+        self.device = input_ids.device
+        self.cached_upto = 0  # tokens of every row already in the target cache (rows stay in step: see uncached_block)
+        self._update()
+
+    def _update(self):
+        self.lengths = torch.tensor([len(r) for r in self.rows], dtype=torch.long, device=self.device)
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def row(self, b: int) -> torch.Tensor:
+        return self.rows[b]
+
+    def right_padded(self) -> torch.Tensor:
+        return torch.nn.utils.rnn.pad_sequence(self.rows, batch_first=True, padding_value=self.pad)
+
+    def uncached_block(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens not yet in the target cache and which are real: at the first step the (equal-length, left-padded)
+        prompts; afterwards each row's last token, the target's own pick from the previous step."""
+        if self.cached_upto == 0:
+            self.cached_upto = 1
+            return torch.stack(self.rows), self.prompt_mask
+        last = torch.stack([r[-1:] for r in self.rows])
+        return last, torch.ones_like(last, dtype=torch.bool)
+
+    def append(self, b: int, tokens: torch.Tensor) -> None:
+        self.rows[b] = torch.cat([self.rows[b], tokens])
+
+    def select(self, keep: list[int]) -> None:
+        self.rows = [self.rows[b] for b in keep]
+        self.original_index = [self.original_index[b] for b in keep]
+        self._update()
 
 
 @torch.no_grad()
@@ -210,75 +249,108 @@ def speculative_generate(
 ):
     """Exact speculative decoding, used as `model.generate(..., custom_generate=speculative_generate, assistant=...)`.
 
-    Greedy output is token-identical to plain greedy `generate()`; sampled output has exactly the target's
-    distribution (after every logits processor and warper `generate()` built). Extra arguments:
-    `assistant` (draft model, Drafter, 'ngram' or CandidateGenerator), `num_draft_tokens` (max drafts per step),
-    `speculation_stats` (a `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a policy,
-    see `draft_length.py`; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`).
+    Greedy output is token-identical to plain greedy `generate()` (row by row for left-padded batches); sampled output
+    has exactly the target's distribution (after every logits processor and warper `generate()` built). Extra
+    arguments: `assistant` (draft model, Drafter, 'ngram' or CandidateGenerator), `num_draft_tokens` (max drafts per
+    step), `speculation_stats` (a `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a
+    policy, see `draft_length.py`; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`).
     """
     drafter, k = validate_request(model, input_ids, generation_config, assistant, num_draft_tokens)
     policy = as_draft_length_policy(draft_length)
-    unsupported = set(k for k, v in model_kwargs.items() if v is not None) - _MODEL_KWARGS_HANDLED
+    unsupported = set(key for key, v in model_kwargs.items() if v is not None) - _MODEL_KWARGS_HANDLED
     if unsupported:
         raise ValueError(f"Speculative decoding does not support these generate() inputs: {sorted(unsupported)}.")
     if synced_gpus:
         raise ValueError("synced_gpus is not supported with speculative decoding.")
-    streamer = hf_specdec_streamer
-    stats = speculation_stats if speculation_stats is not None else SpeculationStats()
-    policy.start(k)
-    drafter.confidence_threshold = policy.confidence_threshold  # drafters that know their confidence may stop early
-    drafter.start(model, input_ids, generation_config, logits_processor)
-
+    batch_size = input_ids.shape[0]
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
+    validate_batch(model, drafter, batch_size, generation_config, cache)
+    if cache.get_seq_length() != 0:
+        raise ValueError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
     if not cache.is_croppable:
         raise ValueError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
+    streamer = hf_specdec_streamer
+    stats = speculation_stats if speculation_stats is not None else SpeculationStats()
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+
+    policy.start(k)
+    drafter.confidence_threshold = policy.confidence_threshold  # drafters that know their confidence may stop early
+    if drafter.supports_batch:
+        drafter.start(model, input_ids, generation_config, logits_processor, attention_mask=attention_mask)
+    else:
+        drafter.start(model, input_ids, generation_config, logits_processor)
     cache.activate_past_recording()
-    target = _TargetRunner(model, cache, model_kwargs.get("attention_mask"), fast_cpu_verify)
+    target = RaggedKV(model, cache, attention_mask[:, :0], fast_cpu_verify)
 
     want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     want_logits = generation_config.return_dict_in_generate and generation_config.output_logits
     scores_out, logits_out = [], []
     max_length = generation_config.max_length
-    sequence = input_ids
+    pad = generation_config._pad_token_tensor
+    pad_id = int(pad) if pad is not None else 0
+    batch = RowBatch(input_ids, attention_mask, pad_id)
+    finished_rows: dict[int, torch.Tensor] = {}
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
-    finished = sequence.shape[1] >= max_length
-    while not finished:
+    while batch.size and input_ids.shape[1] < max_length:
         # Drafts past max_length could never be emitted: the step emits up to max_draft + 1 tokens.
-        max_draft = min(policy.next_length(), max_length - sequence.shape[1] - 1)
-        emitted, num_drafted, n, raw_logits, scores = speculative_step(
-            sequence, drafter, target, max_draft, logits_processor, generation_config.do_sample, stats
+        max_draft = min(policy.next_length(), max_length - int(batch.lengths.max()) - 1)
+        emitted, num_emitted, raw_logits, scores, num_drafted = speculative_step(
+            batch, drafter, target, max_draft, logits_processor, generation_config.do_sample, stats
         )
-        policy.update(num_drafted, n)
-        # Append token by token so that every stopping criterion (EOS, stop strings, custom) cuts exactly where
-        # plain decoding would have stopped.
-        for j in range(n + 1):
-            sequence = torch.cat([sequence, emitted[:, j : j + 1]], dim=1)
-            if want_scores:
-                scores_out.append(scores[:, j])
-            if want_logits:
-                logits_out.append(raw_logits[:, j])
-            if stopping_criteria(sequence, scores[:, j]).any():
-                finished = True
-                emitted = emitted[:, : j + 1]
-                break
-        if streamer is not None:
-            streamer.put(emitted.cpu())
-        if not finished:
-            drafter.accepted(sequence, torch.tensor([n], device=sequence.device))
+        policy.update(num_drafted, int(num_emitted.min()) - 1)
+        done = []
+        for b in range(batch.size):
+            n_b = int(num_emitted[b])
+            # Append token by token so that every stopping criterion (EOS, stop strings, custom) cuts exactly where
+            # plain decoding would have stopped.
+            for j in range(n_b):
+                batch.append(b, emitted[b, j : j + 1])
+                if want_scores:
+                    scores_out.append(scores[b : b + 1, j])
+                if want_logits:
+                    logits_out.append(raw_logits[b : b + 1, j])
+                if stopping_criteria(batch.row(b)[None], scores[b : b + 1, j]).any():
+                    done.append(b)
+                    n_b = j + 1
+                    break
+            if streamer is not None:
+                streamer.put(emitted[b : b + 1, :n_b].cpu())
+        keep = [b for b in range(batch.size) if b not in done]
+        for b in done:
+            finished_rows[batch.original_index[b]] = batch.row(b)
+        if done and keep:  # finished rows leave the batch and stop costing work
+            rows = torch.tensor(keep, device=input_ids.device)
+            target.select_rows(rows)
+            if drafter.supports_batch:
+                drafter.select_rows(rows)
+        batch.select(keep)
+        if keep:
+            num_accepted = num_emitted[keep] - 1
+            if drafter.supports_batch:
+                drafter.accepted(batch.right_padded(), num_accepted, lengths=batch.lengths)
+            else:
+                drafter.accepted(batch.row(0)[None], num_accepted)
+    for b, row in zip(batch.original_index, batch.rows):
+        finished_rows[b] = row
 
     if streamer is not None:
         streamer.end()
+    sequences = torch.nn.utils.rnn.pad_sequence(
+        [finished_rows[b] for b in range(batch_size)], batch_first=True, padding_value=pad_id
+    )
     model._hf_specdec_last_stats = stats
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(
-            sequences=sequence,
+            sequences=sequences,
             scores=tuple(scores_out) if want_scores else None,
             logits=tuple(logits_out) if want_logits else None,
             cache=cache,
             speculation_stats=stats,
         )
-    return sequence
+    return sequences

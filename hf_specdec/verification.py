@@ -11,12 +11,24 @@ from __future__ import annotations
 import torch
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept the longest draft prefix equal to the target's argmax chain, then append the target's own next token."""
+def _within(num_valid: torch.Tensor | None, batch: int, k: int, device) -> torch.Tensor:
+    """[B, k] True where a draft position holds a real proposal (rows of a batch may propose fewer than k)."""
+    if num_valid is None:
+        return torch.ones(batch, k, dtype=torch.bool, device=device)
+    return torch.arange(k, device=device)[None] < num_valid[:, None]
+
+
+def greedy_accept(
+    draft_tokens: torch.Tensor, target_scores: torch.Tensor, num_valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept the longest draft prefix equal to the target's argmax chain, then append the target's own next token.
+
+    `num_valid` ([B], optional): row b proposed only its first `num_valid[b]` drafts; the rest are padding.
+    """
     target_choice = target_scores.argmax(dim=-1)  # [B, k+1]
-    k = draft_tokens.shape[1]
-    matches = (draft_tokens == target_choice[:, :k]).long().cumprod(dim=-1)
-    num_accepted = matches.sum(dim=-1)
+    batch, k = draft_tokens.shape
+    agree = (draft_tokens == target_choice[:, :k]) & _within(num_valid, batch, k, draft_tokens.device)
+    num_accepted = agree.long().cumprod(dim=-1).sum(dim=-1)
     next_token = target_choice.gather(1, num_accepted[:, None]).squeeze(1)
     return num_accepted, next_token
 
@@ -34,6 +46,7 @@ def rejection_sample(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    num_valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al. 2023 / Chen et al. 2023 speculative sampling.
 
@@ -41,13 +54,17 @@ def rejection_sample(
     rejection the next token is drawn from norm(max(0, p_i - q_i)); when all k are accepted, from p_k (the bonus
     position). `draft_probs` (`[B, k, V]`) must be exactly the distribution the drafter sampled from (one-hot for a
     deterministic drafter); `target_probs` (`[B, k+1, V]`) is the target's distribution after all logits processors.
+    `num_valid` ([B], optional): positions past it are padding, never accepted, and act like the bonus position (q = 0
+    there, so the next token comes from p itself).
     """
     batch, k = draft_tokens.shape
+    within = _within(num_valid, batch, k, draft_tokens.device)
+    draft_probs = draft_probs * within[..., None]
     p_of_draft = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)
     q_of_draft = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
     accept_prob = (p_of_draft / q_of_draft.clamp_min(torch.finfo(q_of_draft.dtype).tiny)).clamp(max=1.0)
     uniform = torch.rand(batch, k, device=draft_tokens.device, generator=generator, dtype=accept_prob.dtype)
-    accepted = (uniform < accept_prob).long().cumprod(dim=-1)
+    accepted = ((uniform < accept_prob) & within).long().cumprod(dim=-1)
     num_accepted = accepted.sum(dim=-1)
 
     # With q padded by zeros at the bonus position, the residual there is p itself: one formula for both cases.

@@ -83,11 +83,16 @@ def test_missing_assistant(pair):
     still_works(target, drafter)
 
 
-def test_batch_larger_than_one_is_refused(pair):
+class OneRowDrafter(hf_specdec.Drafter):
+    def propose(self, input_ids, max_tokens):
+        return hf_specdec.Draft(input_ids[:, -1:].repeat(1, max_tokens))
+
+
+def test_batch_with_a_drafter_that_cannot_batch_is_refused(pair):
     target, drafter = pair
     batch = torch.cat([PROMPT, PROMPT])
-    with pytest.raises(ValueError, match="one prompt at a time"):
-        spec(target, drafter, prompt=batch)
+    with pytest.raises(ValueError, match="drafts for one sequence at a time"):
+        spec(target, OneRowDrafter(), prompt=batch)
     still_works(target, drafter)
 
 

@@ -18,8 +18,8 @@ PROMPTS = random_prompts(50)
 class ContraryDrafter(DraftModelDrafter):
     """Proposes, at every position, a token the target would NOT choose (its argmax + 1): nothing is ever accepted."""
 
-    def propose(self, input_ids, max_tokens):
-        draft = super().propose(input_ids, max_tokens)
+    def propose(self, input_ids, max_tokens, **kwargs):
+        draft = super().propose(input_ids, max_tokens, **kwargs)
         draft.tokens = (draft.tokens + 1) % VOCAB
         return draft
 

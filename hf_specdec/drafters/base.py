@@ -28,6 +28,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 class Draft:
     tokens: torch.Tensor  # [B, k] proposed token ids (k may be 0)
     probs: torch.Tensor | None = None  # [B, k, V] the distribution each token was sampled from; None = one-hot
+    num_valid: torch.Tensor | None = None  # [B] rows that proposed fewer than k tokens pad the rest; None = all k
 
     @property
     def num_tokens(self) -> int:
@@ -42,6 +43,11 @@ class Drafter(CandidateGenerator):
     #: set by the loop from the draft-length policy: drafters that know their confidence stop drafting when their top
     #: probability falls below it (None = never stop early). Decide from the distribution only, before drawing.
     confidence_threshold: float | None = None
+    #: batch > 1 support. Drafters that set it receive batches: `start(..., attention_mask=prompt_mask)`,
+    #: `propose(input_ids, max_tokens, lengths=...)` and `accepted(input_ids, num_accepted, lengths=...)` where
+    #: `input_ids` is RIGHT-padded and row b's sequence is `input_ids[b, :lengths[b]]` (its prompt, including the
+    #: prompt's own left padding, then its generated tokens), and `select_rows(rows)` when finished rows leave.
+    supports_batch: bool = False
 
     def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""
@@ -51,8 +57,11 @@ class Drafter(CandidateGenerator):
     def propose(self, input_ids: torch.Tensor, max_tokens: int) -> Draft:
         raise NotImplementedError
 
-    def accepted(self, input_ids: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    def accepted(self, input_ids: torch.Tensor, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         """`input_ids` now ends with the accepted drafts plus the target's token; `num_accepted` is `[B]`."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Batch drafters: keep only these rows (finished rows have left the batch)."""
 
     def vocab_size(self) -> int | None:
         """Size of the token space the drafter proposes in, or None when it proposes the target's own ids."""

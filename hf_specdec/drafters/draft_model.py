@@ -5,28 +5,30 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..ragged_cache import RaggedKV
 from .base import Draft, Drafter
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts k tokens autoregressively with a small causal LM.
+    """Drafts k tokens autoregressively with a small causal LM, for one row or a batch.
 
     Greedy decoding drafts the argmax; sampling draws from the drafter's distribution after the same logits processors
-    the target uses (so temperature/top-k/top-p shape q like p) and reports that distribution as q. Its KV cache is
-    cropped to the longest prefix it shares with the accepted sequence, so rejected drafts cost nothing later.
+    the target uses (so temperature/top-k/top-p shape q like p) and reports that distribution as q. Its KV cache keeps
+    the longest prefix each row shares with the accepted sequence, so rejected drafts cost nothing later.
     """
+
+    supports_batch = True
 
     def __init__(self, model: PreTrainedModel):
         if not isinstance(model, PreTrainedModel) or not hasattr(model, "get_output_embeddings"):
             raise TypeError(f"DraftModelDrafter needs a causal-LM PreTrainedModel, got {type(model).__name__}.")
         self.model = model.eval()
-        self.cache = None
-        self.cached_ids = None
+        self.kv = None
 
     def vocab_size(self) -> int:
         return self.model.config.get_text_config().vocab_size
 
-    def start(self, target, input_ids, generation_config, logits_processor):
+    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
         super().start(target, input_ids, generation_config, logits_processor)
         if self.model.config.is_encoder_decoder:
             raise ValueError("The draft model must be a decoder-only causal LM.")
@@ -38,48 +40,75 @@ class DraftModelDrafter(Drafter):
         if hasattr(self.model, "bind_target"):  # drafters that borrow the target's embeddings / LM head
             self.model.bind_target(target)
         self.do_sample = bool(generation_config.do_sample)
-        self.cache = DynamicCache(config=self.model.config)
-        self.cached_ids = input_ids[:, :0]
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        # Drafts are tiny forwards: the CPU small-M matmul path buys nothing here.
+        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), mask[:, :0], fast_cpu_verify=False)
+        self.prompt_mask = mask.bool()
+        self.fed = [row[:0] for row in input_ids]  # per row: the sequence tokens whose KV is in the cache
 
-    def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
-        start = self.cached_ids.shape[1]
-        positions = torch.arange(start, start + new_ids.shape[1], device=new_ids.device)[None]
-        out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=1)
-        self.cached_ids = torch.cat([self.cached_ids, new_ids], dim=1)
-        return out.logits[:, -1].float()
+    def select_rows(self, rows):
+        self.kv.select_rows(rows)
+        self.fed = [self.fed[b] for b in rows.tolist()]
 
-    def _roll_back_to(self, input_ids: torch.Tensor) -> None:
-        """Keep only the cache entries whose tokens still agree with `input_ids`."""
-        cached = self.cached_ids.shape[1]
-        common = min(cached, input_ids.shape[1] - 1)  # always leave at least one token to feed
-        mismatch = (self.cached_ids[:, :common] != input_ids[:, :common]).any(dim=0).nonzero()
-        if mismatch.numel():
-            common = int(mismatch[0])
-        if common < cached:
-            self.cache.crop(common - cached)
-            self.cached_ids = self.cached_ids[:, :common]
+    def _sync(self, rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop cached drafts the target rejected; return the block of tokens each row still has to feed."""
+        stale = []
+        for b, row in enumerate(rows):
+            fed = self.fed[b]
+            common = min(len(fed), len(row) - 1)  # always leave at least one token to feed
+            mismatch = torch.nonzero(fed[:common] != row[:common]).flatten()
+            if mismatch.numel():
+                common = int(mismatch[0])
+            stale.append(len(fed) - common)
+            self.fed[b] = fed[:common]
+        self.kv.discard_last(torch.tensor(stale))
+        if self.kv.slots == 0:  # first call: the (equal-length, left-padded) prompts with their own padding
+            self.fed = [row.clone() for row in rows]
+            return torch.stack(rows), self.prompt_mask
+        todo = [row[len(fed) :] for row, fed in zip(rows, self.fed)]
+        self.fed = [row.clone() for row in rows]
+        width = max(len(t) for t in todo)
+        block = torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in todo])
+        valid = torch.arange(width)[None] < torch.tensor([len(t) for t in todo])[:, None]
+        return block, valid.to(block.device)
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
-        self._roll_back_to(input_ids)
-        sequence = input_ids
+    def propose(self, input_ids, max_tokens, lengths=None):
+        rows = [row[: int(n)] for row, n in zip(input_ids, lengths)] if lengths is not None else list(input_ids)
+        block, valid = self._sync(rows)
+        batch = len(rows)
+        last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of each row's last real token in the block
         tokens, probs = [], []
-        new_ids = input_ids[:, self.cached_ids.shape[1] :]
-        for _ in range(max_tokens):
-            scores = self._forward(new_ids)
+        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
+        num_valid = torch.zeros(batch, dtype=torch.long, device=block.device)
+        for i in range(max_tokens):
+            logits = self.kv.forward(block, valid, block.shape[1])
+            scores = logits[torch.arange(batch), last]
             if self.logits_processor:
-                scores = self.logits_processor(sequence, scores)
+                scores = torch.cat([
+                    self.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
+                    for b in range(batch)
+                ])
             q = scores.softmax(dim=-1) if self.do_sample or self.confidence_threshold is not None else None
-            if tokens and self.confidence_threshold is not None and q.max() < self.confidence_threshold:
-                break  # not confident: let the target take it from here (decided before drawing, so exact)
-            if self.do_sample:
-                token = torch.multinomial(q, 1)
-                probs.append(q)
-            else:
-                token = scores.argmax(dim=-1, keepdim=True)
+            if i > 0 and self.confidence_threshold is not None:
+                # not confident: let the target take it from here (decided before drawing, so sampling stays exact)
+                drafting &= q.max(dim=-1).values >= self.confidence_threshold
+                if not drafting.any():
+                    break
+            token = torch.multinomial(q, 1).squeeze(1) if self.do_sample else scores.argmax(dim=-1)
             tokens.append(token)
-            sequence = torch.cat([sequence, token], dim=1)
-            new_ids = token
+            if self.do_sample:
+                probs.append(q)
+            num_valid += drafting.long()
+            for b in torch.nonzero(drafting).flatten().tolist():
+                self.fed[b] = torch.cat([self.fed[b], token[b : b + 1]])
+            if i + 1 < max_tokens:  # the last draft is fed next step, if it is accepted
+                block, valid, last = token[:, None], drafting[:, None], torch.zeros_like(last)
+            else:
+                for b in torch.nonzero(drafting).flatten().tolist():
+                    self.fed[b] = self.fed[b][:-1]
         if not tokens:
             return Draft(input_ids[:, :0])
-        return Draft(torch.cat(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        draft_tokens = torch.stack(tokens, dim=1)
+        all_valid = bool((num_valid == draft_tokens.shape[1]).all())
+        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid)

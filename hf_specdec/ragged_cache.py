@@ -1,0 +1,82 @@
+"""A KV cache whose rows advance at different speeds — how batch > 1 works without re-aligning the cache.
+
+Design note. After a verification forward every row has written the same number of new slots, but row b keeps only
+its accepted prefix. Two ways to continue: (a) re-align, i.e. gather each row's kept slots so rows are contiguous again
+(a copy of the whole cache per step, O(context) per layer), or (b) keep the slots where they are and mark rejected ones
+as holes in the 2-D attention mask, with per-row position ids computed from that mask. We use (b): it costs no copy,
+works for every `Cache` class that can crop, and the trailing slots that every row rejected are cropped away, so for
+batch 1 no hole ever remains. Attention in transformers is causal by slot order, and each row's real tokens stay in
+increasing slot order, so causality and positions (RoPE or learned) are exact. The price is attention over holes, which
+is small next to the MLPs for the short contexts speculative decoding runs on. Sliding-window attention counts slots,
+not positions, so holes would shift its window: such targets are refused for batch > 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cpu_matmul import small_m_linear
+
+
+class RaggedKV:
+    """A model plus its cache, fed per-row token blocks with validity masks; rejected slots become holes."""
+
+    def __init__(self, model, cache, slot_mask: torch.Tensor, fast_cpu_verify: bool = True):
+        self.model = model
+        self.cache = cache
+        self.slot_mask = slot_mask.long()  # [B, S]: 1 = a real token's slot, 0 = left padding or a hole
+        self.fast = fast_cpu_verify and model.device.type == "cpu"
+        self.keep_logits = model._supports_logits_to_keep()
+        self.has_holes = not bool(self.slot_mask.all())
+
+    @property
+    def slots(self) -> int:
+        return self.slot_mask.shape[1]
+
+    def forward(self, new_ids: torch.Tensor, valid: torch.Tensor, num_logits: int, **extra) -> torch.Tensor:
+        """Feed `new_ids` [B, m] (`valid` [B, m] marks real tokens); return the last `num_logits` logits in float32."""
+        real_before = self.slot_mask.sum(dim=1, keepdim=True)
+        positions = real_before + valid.long().cumsum(dim=1) - 1
+        positions = positions.masked_fill(~valid, 1)
+        self.slot_mask = torch.cat([self.slot_mask, valid.long()], dim=1)
+        self.has_holes = self.has_holes or not bool(valid.all())
+        kwargs = dict(extra)
+        if self.has_holes:
+            kwargs["attention_mask"] = self.slot_mask
+        if self.keep_logits:
+            kwargs["logits_to_keep"] = num_logits
+        with small_m_linear(self.fast):
+            out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+        self.last_output = out
+        return out.logits[:, -num_logits:].float()
+
+    def keep(self, num_new: int, num_kept: torch.Tensor) -> None:
+        """Of the last `num_new` slots, row b keeps its first `num_kept[b]`; the rest become holes (or are cropped)."""
+        if num_new == 0:
+            return
+        index = torch.arange(num_new, device=num_kept.device)
+        kept = (index[None] < num_kept[:, None]).long()
+        self.slot_mask[:, -num_new:] *= kept
+        droppable = int((num_new - num_kept).min())  # trailing slots no row keeps
+        if droppable:
+            self.cache.crop(-droppable)
+            self.slot_mask = self.slot_mask[:, :-droppable]
+        self.has_holes = not bool(self.slot_mask.all())
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows so they stop costing work."""
+        self.cache.batch_select_indices(rows)
+        self.slot_mask = self.slot_mask[rows]
+        self.has_holes = not bool(self.slot_mask.all())
+
+    def discard_last(self, counts: torch.Tensor) -> None:
+        """Turn each row's last `counts[b]` real slots into holes (rejected drafts), then crop trailing holes."""
+        for b in torch.nonzero(counts).flatten().tolist():
+            real = torch.nonzero(self.slot_mask[b]).flatten()
+            self.slot_mask[b, real[-int(counts[b]) :]] = 0
+        real_columns = torch.nonzero(self.slot_mask.any(dim=0)).flatten()
+        trailing = self.slots - (int(real_columns[-1]) + 1 if real_columns.numel() else 0)
+        if trailing:
+            self.cache.crop(-trailing)
+            self.slot_mask = self.slot_mask[:, : self.slots - trailing]
+        self.has_holes = not bool(self.slot_mask.all())
