@@ -79,3 +79,78 @@ def rejection_sample(
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
     """The distribution of a deterministic drafter: all mass on the proposed token."""
     return torch.nn.functional.one_hot(tokens, vocab_size).to(dtype)
+
+
+# --- Trees (Medusa-style candidates): node i has token tokens[i] and parent parents[i] (-1 = the root, i.e. the last
+# accepted token). Nodes are ordered parents-first (breadth-first), so any root-to-node path runs in increasing index.
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of each node (children of the root have depth 1)."""
+    depth = torch.zeros_like(parents)
+    for i, parent in enumerate(parents.tolist()):
+        if parent >= i:
+            raise ValueError("Tree nodes must come after their parents (order them breadth-first).")
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+    return depth
+
+
+def tree_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[T, T] bool: node i may attend to node j iff j is i or one of its ancestors (the tree's attention pattern)."""
+    size = parents.shape[0]
+    mask = torch.eye(size, dtype=torch.bool, device=parents.device)
+    for i, parent in enumerate(parents.tolist()):
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask
+
+
+def greedy_accept_tree(tokens: torch.Tensor, parents: torch.Tensor, target_scores: torch.Tensor):
+    """Longest root-to-node path whose every token equals the target's argmax after its parent.
+
+    `target_scores` is `[T + 1, V]`: row 0 follows the root, row i + 1 follows node i. Returns `(path, next_token)`:
+    the accepted node indices in order, and the target's own token after the path's last node.
+    """
+    choice = target_scores.argmax(dim=-1)
+    parent_row = parents + 1  # the scores row each node's token is predicted from
+    correct = tokens == choice[parent_row]
+    best, best_depth, ok = -1, 0, {}
+    depth = tree_depths(parents)
+    for i, parent in enumerate(parents.tolist()):
+        ok[i] = bool(correct[i]) and (parent < 0 or ok[parent])
+        if ok[i] and int(depth[i]) > best_depth:
+            best, best_depth = i, int(depth[i])
+    path = []
+    node = best
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    path.reverse()
+    return path, int(choice[best + 1])
+
+
+def rejection_sample_tree(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor, generator=None):
+    """Exact sampling with deterministic tree candidates (recursive rejection over siblings, as in SpecInfer).
+
+    At the root, try its children in order: accept child x with probability p'(x), where p' starts as p and, after
+    each rejected candidate, becomes norm(max(0, p' - onehot(x))) (the residual of a one-hot proposal); on acceptance
+    descend into x's children with x's target distribution; when every child is rejected, draw the next token from the
+    final residual. Each step emits a token with exactly the target's distribution. `target_probs` is `[T + 1, V]`.
+    Returns `(path, next_token)`.
+    """
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1].clone()
+        for child in children.get(node, []):
+            x = int(tokens[child])
+            u = torch.rand((), generator=generator, device=p.device)
+            if u < p[x]:
+                path.append(child)
+                node = child
+                break
+            p = residual_distribution(p[None], one_hot_probs(tokens[child : child + 1], p.shape[-1])[0][None])[0]
+        else:
+            return path, int(torch.multinomial(p, 1, generator=generator))
