@@ -131,10 +131,14 @@ def test_drafter_index_is_incremental_and_rebuilds_on_a_new_sequence():
     assert drafter.index is not index
 
 
-def test_short_match_tokens_caps_weak_matches():
-    drafter = NgramDrafter(1, 4, short_match_tokens=2, long_match=3)
-    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1]]), 6).tokens.tolist() == [[2, 3]]
+def test_max_tokens_by_match_caps_weak_matches():
+    drafter = NgramDrafter(1, 4, max_tokens_by_match=(2, 3))
+    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1]]), 6).tokens.tolist() == [[2, 3]]  # 1-gram: 2
+    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1, 2]]), 6).tokens.tolist() == [[3, 4, 5]]  # 2-gram: 3
     assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1, 2, 3]]), 6).tokens.tolist() == [[4, 5, 6, 9, 1, 2]]
+    drafter = NgramDrafter(1, 4, max_tokens_by_match=(0,))  # 1-gram matches draft nothing: like min_ngram=2
+    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1]]), 6).num_tokens == 0
+    assert NgramDrafter(1, 4, max_tokens_by_match=()).propose(torch.tensor([[1, 2, 3, 1]]), 6).tokens.tolist() == [[2, 3, 1, 2, 3, 1]]
 
 
 def test_bad_arguments():
@@ -142,15 +146,15 @@ def test_bad_arguments():
         NgramDrafter(min_ngram=3, max_ngram=2)
     with pytest.raises(ValueError, match="strategy"):
         NgramDrafter(strategy="oldest")
-    with pytest.raises(ValueError, match="short_match_tokens"):
-        NgramDrafter(short_match_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens_by_match"):
+        NgramDrafter(max_tokens_by_match=(3, -1))
     assert isinstance(as_drafter("ngram"), NgramDrafter)
 
 
 SETTINGS = {
     "default": dict(),
     "frequent": dict(strategy="frequent", max_ngram=3),
-    "short_matches_capped": dict(min_ngram=1, max_ngram=6, short_match_tokens=2),
+    "uncapped": dict(min_ngram=2, max_ngram=6, max_tokens_by_match=()),
 }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -39,7 +40,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, HfArgumentParser
@@ -176,9 +176,11 @@ def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: li
             drafter.config.target_name_or_path = target_id(args)
             drafter.config.target_quantization = args.target_quantization
     else:
+        vocab = target.config.get_text_config().vocab_size
         config = drafter_config_from_target(
             target.config, num_hidden_layers=args.drafter_layers,
-            intermediate_size=args.drafter_intermediate_size or None, draft_vocab_size=args.draft_vocab_size,
+            intermediate_size=args.drafter_intermediate_size or None,
+            draft_vocab_size=args.draft_vocab_size if args.draft_vocab_size < vocab else 0,
             target_name_or_path=target_id(args), target_quantization=args.target_quantization,
             num_draft_tokens_eval=args.num_draft_tokens,
         )
@@ -313,7 +315,7 @@ def as_example(row: dict, index: int) -> dict | None:
     return {"id": str(row.get("id", index)), "messages": prompt, "response": response or None}
 
 
-def load_examples(args: Args) -> list[dict]:
+def load_examples(args: Args, verbose: bool = True) -> list[dict]:
     if args.data == "sharegpt":
         rows = iter_json_list(sharegpt_path())
     elif args.data.endswith(".jsonl") and Path(args.data).is_file():
@@ -339,7 +341,8 @@ def load_examples(args: Args) -> list[dict]:
             dropped += 1
             continue
         examples.append(example)
-    print(f"[distill] {len(examples)} examples from {args.data} ({dropped} excluded as dev prompts)", flush=True)
+    if verbose:
+        print(f"[distill] {len(examples)} examples from {args.data} ({dropped} excluded as dev prompts)", flush=True)
     return examples
 
 
@@ -528,20 +531,24 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
     done = folder / "meta.json"
     if not done.exists():
         rank, world, show = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
-        examples = load_examples(args)
+        examples = load_examples(args, verbose=show)
         random.Random(args.seed).shuffle(examples)
-        rendered = []
-        for ex in examples:
-            prompt, full = render(tokenizer, ex["messages"], ex["response"])
-            if len(prompt) <= args.max_prompt_tokens:
-                rendered.append((ex, prompt, full))
-        heldout, rest = rendered[: args.heldout_prompts], rendered[args.heldout_prompts :]
-        gen = rest[: args.num_generate] if args.teacher_data in ("generate", "both") else []
-        pool = rest[len(gen) :] + rest[: len(gen)]  # prefer conversations not used for self-generation
+
+        def rendered():  # lazily: only as many conversations as the quotas need get templated and tokenized
+            for ex in examples:
+                prompt, full = render(tokenizer, ex["messages"], ex["response"])
+                if len(prompt) <= args.max_prompt_tokens:
+                    yield ex, prompt, full
+
+        stream = rendered()
+        heldout = list(itertools.islice(stream, args.heldout_prompts))
+        heldout_texts = {ex["messages"][-1]["content"].strip() for ex, _, _ in heldout}  # ShareGPT repeats prompts
+        rest = (r for r in stream if r[0]["messages"][-1]["content"].strip() not in heldout_texts)
+        gen = list(itertools.islice(rest, args.num_generate)) if args.teacher_data in ("generate", "both") else []
         scored = []
         if args.teacher_data in ("score", "both"):
             eos = eos_ids(target, tokenizer)
-            for ex, prompt, full in pool:
+            for ex, prompt, full in itertools.chain(rest, gen):  # prefer conversations not used for self-generation
                 if ex["response"] is None or len(full) - len(prompt) < 2:
                     continue
                 full = full[: cut_after_eos(full, len(prompt), eos)][: args.max_seq_len]
@@ -822,8 +829,8 @@ def save_drafter(model, folder: Path, tokenizer=None) -> None:
     tmp.rename(folder)
 
 
-def training_command(accelerator) -> str:
-    argv = [a for a in sys.argv[1:] if a not in ("--resume", "--resume=True", "--resume=true")]
+def training_command(accelerator, argv: list[str]) -> str:
+    argv = [a for a in argv if a not in ("--resume", "--resume=True", "--resume=true")]
     script = "training/distill.py"
     if accelerator.num_processes > 1:
         cpu = "--cpu " if accelerator.device.type == "cpu" else ""
@@ -915,7 +922,8 @@ def main(argv=None) -> dict:
     hf_logging.disable_progress_bar()  # keep the logs to our own bars and JSON lines
 
     args = parse_args(argv)
-    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(),  # CPU-only: gloo between processes
+                              kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
     is_main, world = accelerator.is_main_process, accelerator.num_processes
     threads = args.threads or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
@@ -982,7 +990,7 @@ def main(argv=None) -> dict:
                 "train_target_tokens": int(train.t["tgt_off"][-1]), "top_k": args.top_k, "loss": args.loss,
                 "on_policy_ratio": args.on_policy_ratio, "steps": step, "batch_size": args.batch_size * world,
                 "learning_rate": args.learning_rate, "lora": args.lora, "seed": args.seed,
-                "heldout_draft_vocab_coverage": coverage, "command": training_command(accelerator)}
+                "heldout_draft_vocab_coverage": coverage, "command": training_command(accelerator, sys.argv[1:] if argv is None else list(argv))}
 
     def run_eval() -> dict:
         metrics = evaluate(accelerator, model, target, tokenizer, heldout, args)
@@ -1065,5 +1073,35 @@ def main(argv=None) -> dict:
     return summary
 
 
+def relaunch_for_cpu_processes() -> None:
+    """Make `accelerate launch --cpu --num_processes N` start N gloo processes.
+
+    accelerate (1.15) starts ONE process for that command unless `mpirun` is configured (accelerate issue #2741): it
+    only sets ACCELERATE_USE_CPU and MASTER_ADDR/PORT. When that is what we see, re-run this script under
+    `torch.distributed.run` with the N processes the launcher was asked for (read from its command line); each child
+    then finds WORLD_SIZE and ACCELERATE_USE_CPU, and `Accelerator` sets up gloo. Anything else is left alone.
+    """
+    env = os.environ
+    launched_alone = env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in env and not any(
+        k in env for k in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if not launched_alone:
+        return
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
+        from accelerate.commands.launch import launch_command_parser
+
+        launch_args = parent[parent.index("launch") + 1 :]
+        parsed, _ = launch_command_parser().parse_known_args(launch_args)
+        n = int(parsed.num_processes or 1)
+    except Exception:  # not Linux, or not started by `accelerate launch`
+        return
+    if n > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
+                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), __file__, *sys.argv[1:]]
+        print(f"[distill] accelerate started one process for --cpu --num_processes {n}; relaunching {n} gloo processes", flush=True)
+        os.execv(sys.executable, command)
+
+
 if __name__ == "__main__":
+    relaunch_for_cpu_processes()
     main()

@@ -5,13 +5,27 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .base import CandidateGeneratorDrafter, Draft, Drafter
 from .draft_model import DraftModelDrafter
+from .cross_tokenizer import CrossTokenizerDrafter
 from .ngram import NgramDrafter
+from .self_speculative import SelfSpeculativeDrafter
 
-__all__ = ["Draft", "Drafter", "DraftModelDrafter", "NgramDrafter", "CandidateGeneratorDrafter", "as_drafter"]
+__all__ = [
+    "Draft",
+    "Drafter",
+    "DraftModelDrafter",
+    "NgramDrafter",
+    "SelfSpeculativeDrafter",
+    "CrossTokenizerDrafter",
+    "CandidateGeneratorDrafter",
+    "as_drafter",
+]
+
+#: `assistant="<name>"` -> a drafter built with its defaults
+NAMED_DRAFTERS = {"ngram": NgramDrafter, "self": SelfSpeculativeDrafter}
 
 ACCEPTED_ASSISTANTS = (
     "a causal-LM `PreTrainedModel` sharing the target's vocabulary, an `hf_specdec` drafter "
-    "(`hf_specdec.Drafter` subclass such as `NgramDrafter()`), the string 'ngram', "
+    "(`hf_specdec.Drafter` subclass such as `NgramDrafter()`), one of the strings 'ngram' or 'self', "
     "or a `transformers.generation.CandidateGenerator`"
 )
 
@@ -20,8 +34,8 @@ def as_drafter(assistant) -> Drafter:
     """Turn whatever was passed as `assistant=` into a Drafter, or raise a TypeError that lists what is accepted."""
     if isinstance(assistant, Drafter):
         return assistant
-    if isinstance(assistant, str) and assistant == "ngram":
-        return NgramDrafter()
+    if isinstance(assistant, str) and assistant in NAMED_DRAFTERS:
+        return NAMED_DRAFTERS[assistant]()
     if isinstance(assistant, PreTrainedModel):
         if assistant.config.is_encoder_decoder or not hasattr(assistant, "get_output_embeddings"):
             raise TypeError(f"assistant={type(assistant).__name__} is not a causal LM; expected {ACCEPTED_ASSISTANTS}.")

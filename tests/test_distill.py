@@ -1,0 +1,312 @@
+"""training/distill.py on a tiny random target built here (tokenizer, chat template and data made offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import hf_specdec
+from hf_specdec.modeling_drafter import SpecDrafterForCausalLM
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "training" / "distill.py"
+
+
+def load_distill():
+    spec = importlib.util.spec_from_file_location("distill", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["distill"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+distill = load_distill()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only adds contention
+    yield
+    torch.set_num_threads(threads)
+
+
+def build_tiny_world(root: Path) -> dict:
+    """A 2-layer random Llama target (all projection widths multiples of 32, as bitsandbytes' 4-bit CPU kernel needs),
+    a word-level tokenizer with a chat template, 80 conversations (JSONL) and a 'dev' file excluding one of them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    words = [f"w{i}" for i in range(90)]
+    vocab = {t: i for i, t in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|end|>")
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0, initializer_range=0.3, tie_word_embeddings=False)
+    target = root / "target"
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    rng = random.Random(0)
+    rows = []
+    for i in range(80):
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(3, 10)))
+        reply = " ".join(rng.choice(words) for _ in range(rng.randint(5, 20)))
+        rows.append({"id": f"c{i}_0", "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "dev.jsonl").write_text(json.dumps({"id": "c0_0", "prompt": rows[0]["messages"][0]["content"]}) + "\n")
+    return {"root": root, "target": target, "data": root / "data.jsonl", "dev": root / "dev.jsonl",
+            "excluded_prompt": rows[0]["messages"][0]["content"]}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_tiny_world(tmp_path_factory.mktemp("tiny"))
+
+
+def cli(world, out: Path, **overrides) -> list[str]:
+    options = {
+        "target": world["target"], "data": world["data"], "exclude_ids": world["dev"], "num_generate": 24,
+        "num_score": 32, "heldout_prompts": 6, "max_new_tokens": 16, "top_k": 8, "gen_batch_size": 8,
+        "data_cache_dir": world["root"] / "cache", "drafter_layers": 1, "draft_vocab_size": 48, "batch_size": 8,
+        "eval_max_new_tokens": 12, "warmup_steps": 2, "threads": 1, "log_every": 1, "max_steps": 6,
+        "eval_every": 3, "save_every": 3, "output_dir": out,
+    }
+    options.update(overrides)
+    args = []
+    for key, value in options.items():
+        if value is True:
+            args.append(f"--{key.replace('_', '-')}")
+        elif value is not False:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+def run_in_process(argv):
+    threads = torch.get_num_threads()
+    try:
+        return distill.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def subprocess_env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1"}
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory):
+    """One short in-process run (on-policy batches included) that pushes to a mocked Hub at the end."""
+    out = tmp_path_factory.mktemp("run") / "tiny-drafter"
+    with mock.patch.object(distill, "HfApi") as api:
+        summary = run_in_process(cli(world, out, on_policy_ratio=0.5, push_to_hub=True, hub_model_id="someone/tiny-drafter"))
+    return {"out": out, "summary": summary, "api": api}
+
+
+# --- data ------------------------------------------------------------------------------------------------------------
+def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
+    args = distill.parse_args(cli(world, trained["out"]))
+    examples = distill.load_examples(args)
+    assert len(examples) == 79 and "c0_0" not in {e["id"] for e in examples}
+    assert world["excluded_prompt"] not in {e["messages"][-1]["content"] for e in examples}
+    folder = Path(trained["summary"]["data"]["cache_folder"])
+    train = distill.TeacherData.load(folder / "train.safetensors")
+    held = distill.TeacherData.load(folder / "heldout.safetensors")
+    train_prompts = {tuple(train.record(i)["tokens"][: train.record(i)["start"]].tolist()) for i in range(len(train))}
+    held_prompts = {tuple(held.record(i)["tokens"][: held.record(i)["start"]].tolist()) for i in range(len(held))}
+    assert len(held_prompts) == 6 and not held_prompts & train_prompts
+    assert set(train.t["source"].tolist()) == {0, 1}  # self-generated and scored sequences
+    assert train.t["ids"].shape[1] == 8 and len(train) == 24 + 32
+
+
+def test_teacher_data_is_the_targets_own(world, trained):
+    folder = Path(trained["summary"]["data"]["cache_folder"])
+    train = distill.TeacherData.load(folder / "train.safetensors")
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    for i in (0, len(train) - 1):  # one self-generated, one scored sequence
+        r = train.record(i)
+        with torch.no_grad():
+            logprobs = target(r["tokens"][None].long()).logits[0, r["start"] - 1 : -1].log_softmax(-1)
+        top = logprobs.topk(8)
+        assert torch.equal(top.indices, r["ids"].long())
+        torch.testing.assert_close(top.values, r["lps"].float(), atol=2e-2, rtol=1e-3)
+        if r["source"] == 0:  # greedy self-generation: each new token is the target's argmax
+            assert torch.equal(r["tokens"][r["start"] :].long(), r["ids"][:, 0].long())
+
+
+def test_prepared_data_is_reused(world, trained):
+    with mock.patch.object(distill, "self_generate", side_effect=AssertionError("regenerated")):
+        summary = run_in_process(cli(world, trained["out"].parent / "again", max_steps=1, eval_every=0, save_every=0))
+    assert summary["final_step"] == 1
+
+
+# --- losses ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd"])
+def test_divergence_is_zero_when_the_drafter_equals_the_target(kind):
+    logits = torch.randn(5, 30) * 3
+    lps = logits.log_softmax(-1)
+    top = lps.topk(6)
+    loss = distill.distill_loss(logits, top.indices, top.values, None, kind)
+    assert abs(float(loss)) < 1e-5
+    assert float(distill.distill_loss(torch.randn(5, 30), top.indices, top.values, None, kind)) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd", "ce"])
+def test_every_loss_decreases_on_a_fixed_batch(world, trained, kind):
+    args = distill.parse_args(cli(world, trained["out"]))
+    target, tokenizer = distill.load_target(args, torch.device("cpu"))
+    folder = Path(trained["summary"]["data"]["cache_folder"])
+    train = distill.TeacherData.load(folder / "train.safetensors")
+    torch.manual_seed(0)
+    drafter = distill.build_drafter(args, target, train.target_token_counts(96), [2])
+    batch = distill.collate([train.record(i) for i in range(0, 48, 3)], tokenizer.pad_token_id)
+    cols = distill.column_map(drafter, 96, torch.device("cpu"))
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(25):
+        loss = distill.distill_loss(distill.drafter_logits(drafter, batch), batch["tgt_ids"], batch["tgt_lps"], cols, kind)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+# --- quantized targets -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("quantization", ["8bit", "4bit"])
+def test_quantized_targets_train_on_cpu(world, tmp_path, quantization):
+    pytest.importorskip("bitsandbytes")
+    out = tmp_path / quantization
+    summary = run_in_process(cli(world, out, target_quantization=quantization, max_steps=2, eval_every=2, save_every=0,
+                                 heldout_prompts=4, on_policy_ratio=0.5))
+    assert summary["final_step"] == 2 and summary["best"]["mean_accepted_tokens"] >= 1.0
+    config = json.loads((out / "config.json").read_text())
+    assert config["target_quantization"] == quantization
+    target, _ = distill.load_target(distill.parse_args(cli(world, out, target_quantization=quantization)), torch.device("cpu"))
+    assert "bitsandbytes" in type(target.model.layers[0].mlp.up_proj).__module__
+
+
+# --- the saved folder --------------------------------------------------------------------------------------------------
+def test_saved_folder_round_trips_and_decodes_exactly(world, trained):
+    out = trained["out"]
+    drafter = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(drafter, SpecDrafterForCausalLM) and not drafter.is_bound
+    config = drafter.config
+    assert config.target_name_or_path == str(world["target"]) and config.target_quantization == "none"
+    assert config.num_draft_tokens_eval == 5 and config.measured["mean_accepted_tokens"] >= 1.0
+    assert config.training["loss"] == "fkl" and "training/distill.py" in config.training["command"]
+    assert (out / "tokenizer.json").exists()
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: hf-specdec" in card and "speculative-decoding" in card
+    assert "%.3f" % config.measured["mean_accepted_tokens"] in card and config.training["command"] in card
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    stats = hf_specdec.SpeculationStats()
+    for seed in range(4):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=20, do_sample=False, custom_generate=hf_specdec.speculative_generate,
+                               assistant=drafter, num_draft_tokens=5, speculation_stats=stats)
+        assert torch.equal(plain, spec)
+    assert stats.accepted_tokens > 0
+
+
+def test_log_and_best_checkpoint(trained):
+    log = read_log(trained["out"])
+    events = [r["event"] for r in log]
+    assert events[0] == "start" and events.count("eval") == 2 and "done" in events
+    evals = [r for r in log if r["event"] == "eval"]
+    assert {"mean_accepted_tokens", "acceptance_rate", "acceptance_by_position", "heldout_top1"} <= set(evals[0])
+    assert any(r.get("on_policy") for r in log if r["event"] == "train")
+    best = max(evals, key=lambda r: r["mean_accepted_tokens"])
+    assert trained["summary"]["best"]["mean_accepted_tokens"] == best["mean_accepted_tokens"]
+    assert sorted(p.name for p in (trained["out"] / "checkpoints").iterdir()) == ["best", "step-0000003", "step-0000006"]
+
+
+def test_push_to_hub_uploads_exactly_the_drafter_folder(trained):
+    api = trained["api"].return_value
+    api.create_repo.assert_called_once_with(repo_id="someone/tiny-drafter", repo_type="model", private=False, exist_ok=True)
+    (call,) = api.upload_folder.call_args_list
+    assert call.kwargs["folder_path"] == str(trained["out"]) and call.kwargs["repo_id"] == "someone/tiny-drafter"
+    expected = ["README.md", "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                "tokenizer.json", "tokenizer_config.json", "training_log.jsonl", "training_summary.json"]
+    assert call.kwargs["allow_patterns"] == expected
+    assert "token" not in call.kwargs and "token" not in api.create_repo.call_args.kwargs
+    from huggingface_hub.utils import filter_repo_objects
+
+    every_file = [str(p.relative_to(trained["out"])) for p in trained["out"].rglob("*") if p.is_file()]
+    assert sorted(filter_repo_objects(every_file, allow_patterns=call.kwargs["allow_patterns"])) == expected
+    assert (trained["out"] / "model.safetensors").stat().st_size < 200_000
+
+
+def test_lora_on_an_existing_drafter_saves_a_merged_drafter(world, trained, tmp_path):
+    out = tmp_path / "lora"
+    run_in_process(cli(world, out, drafter=trained["out"], lora=True, lora_r=4, max_steps=2, eval_every=0, save_every=0))
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(merged, SpecDrafterForCausalLM)
+    original = AutoModelForCausalLM.from_pretrained(trained["out"])
+    assert set(merged.state_dict()) == set(original.state_dict())
+
+
+# --- resume and multi-process (subprocesses) -----------------------------------------------------------------------------
+def test_resume_after_sigkill_ends_like_an_uninterrupted_run(world, tmp_path):
+    common = dict(max_steps=40, save_every=10, eval_every=20, on_policy_ratio=0.3, log_every=5)
+    run = lambda out, *extra: [sys.executable, str(SCRIPT), *cli(world, out, **common), *extra]  # noqa: E731
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(run(straight), check=True, env=subprocess_env(), cwd=REPO, capture_output=True)
+    proc = subprocess.Popen(run(killed), env=subprocess_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "step-0000010").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "training_summary.json").exists(), "the run finished before it could be killed"
+    subprocess.run(run(killed, "--resume"), check=True, env=subprocess_env(), cwd=REPO, capture_output=True)
+    a = json.loads((straight / "training_summary.json").read_text())
+    b = json.loads((killed / "training_summary.json").read_text())
+    assert b["resumed_from"] and b["final_step"] == a["final_step"] == 40
+    assert b["final_loss"] == pytest.approx(a["final_loss"], rel=1e-4)
+    assert b["best"]["mean_accepted_tokens"] == pytest.approx(a["best"]["mean_accepted_tokens"])
+
+
+def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "two"
+    command = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no", "--main_process_port", str(port), str(SCRIPT),
+               *cli(world, out, batch_size=4, max_steps=4, eval_every=2, save_every=2, on_policy_ratio=0.5,
+                    data_cache_dir=tmp_path / "cache")]
+    result = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    start = read_log(out)[0]
+    assert start["event"] == "start" and start["processes"] == 2
+    assert sorted(p.name for p in (out / "checkpoints" / "step-0000004").glob("random_states_*")) == [
+        "random_states_0.pkl", "random_states_1.pkl"]
+    meta = json.loads(next((tmp_path / "cache").glob("*/meta.json")).read_text())
+    assert meta["processes"] == 2 and meta["train_records"] == 24 + 32
+    assert isinstance(AutoModelForCausalLM.from_pretrained(out), SpecDrafterForCausalLM)

@@ -1,0 +1,173 @@
+"""Self-speculation (the target's first L layers draft): exact greedy and sampled output; L = all accepts everything."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.drafters import SelfSpeculativeDrafter, as_drafter
+from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+
+LAYERS = 3
+NEW_TOKENS = 20
+PROMPTS = random_prompts(10, seed=5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and far more steadily when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_mistral(layers=LAYERS, seed=0):
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        initializer_range=0.3, sliding_window=None,
+    )
+    return MistralForCausalLM(config).eval()
+
+
+def tiny_qwen3(layers=LAYERS, seed=0):
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, max_position_embeddings=256, bos_token_id=1, eos_token_id=None,
+        pad_token_id=0, initializer_range=0.3,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+BUILDERS = {
+    "llama": lambda: tiny_llama(layers=LAYERS),
+    "qwen2": lambda: tiny_qwen2(layers=LAYERS),
+    "gpt2": lambda: tiny_gpt2(layers=LAYERS),
+    "mistral": tiny_mistral,
+    "qwen3": tiny_qwen3,
+}
+
+
+def _speculative(target, prompt, drafter, k, stats, **kwargs):
+    return target.generate(
+        prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, speculation_stats=stats,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("arch_name", sorted(BUILDERS))
+def test_greedy_identical_to_plain(arch_name):
+    target = BUILDERS[arch_name]()
+    plain = [target.generate(p, max_new_tokens=NEW_TOKENS, do_sample=False) for p in PROMPTS]
+    for num_layers in (1, 2):
+        drafter = SelfSpeculativeDrafter(num_layers=num_layers)  # one object across calls: start() resets it
+        stats = SpeculationStats()
+        for k in (1, 4):
+            for prompt, expected in zip(PROMPTS, plain):
+                out = _speculative(target, prompt, drafter, k, stats, max_new_tokens=NEW_TOKENS, do_sample=False)
+                assert torch.equal(out, expected), f"{arch_name}/L={num_layers}/k={k}: output differs from plain"
+        assert stats.drafted_tokens > 0 and stats.accepted_tokens < stats.drafted_tokens
+
+
+@pytest.mark.parametrize("arch_name", sorted(BUILDERS))
+def test_all_layers_accepts_every_draft(arch_name):
+    target = BUILDERS[arch_name]()
+    for k in (2, 5):
+        stats = SpeculationStats()
+        for prompt in PROMPTS[:5]:
+            before = stats.target_forwards
+            expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+            out = _speculative(target, prompt, SelfSpeculativeDrafter(LAYERS), k, stats, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(out, expected)
+            assert stats.target_forwards - before == math.ceil(NEW_TOKENS / (k + 1))  # k+1 tokens per target forward
+        assert stats.accepted_tokens == stats.drafted_tokens
+
+
+def test_greedy_with_processors_and_default_layer_count():
+    target = tiny_llama(layers=4)
+    drafter = SelfSpeculativeDrafter()  # half the layers
+    for prompt in PROMPTS[:5]:
+        kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, repetition_penalty=1.4, no_repeat_ngram_size=3)
+        expected = target.generate(prompt, **kwargs)
+        assert torch.equal(_speculative(target, prompt, drafter, 3, SpeculationStats(), **kwargs), expected)
+    assert drafter.num_layers == 2
+
+
+def test_unsupported_architecture_and_bad_layer_counts_are_refused_before_any_forward():
+    torch.manual_seed(0)
+    opt = OPTForCausalLM(
+        OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                  word_embed_proj_dim=32, max_position_embeddings=64)
+    ).eval()
+    with pytest.raises(ValueError, match="gpt2, llama, mistral, qwen2, qwen3"):
+        opt.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=SelfSpeculativeDrafter(1), max_new_tokens=3)
+    target = tiny_llama(layers=2)
+    with pytest.raises(ValueError, match="exceeds"):
+        _speculative(target, PROMPTS[0], SelfSpeculativeDrafter(3), 2, SpeculationStats(), max_new_tokens=3)
+    with pytest.raises(ValueError, match="num_layers"):
+        SelfSpeculativeDrafter(0)
+    assert isinstance(as_drafter("self"), SelfSpeculativeDrafter)
+
+
+# --- sampling: the early-exit draft is sampled and its q reported; the output must have the target's distribution ---
+SAMPLE_VOCAB = 12
+SAMPLE_TOKENS = 3
+SAMPLE_PROMPT = torch.tensor([[1, 5, 7, 2]])
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_llama(vocab=SAMPLE_VOCAB, seed=0, layers=3)
+
+
+def _sampled(target, num_layers, num_samples, config, stats):
+    kwargs = dict(do_sample=True, max_new_tokens=SAMPLE_TOKENS, **config)
+    exact = exact_joint_distribution(target, SAMPLE_PROMPT, captured_processors(target, SAMPLE_PROMPT, **kwargs), SAMPLE_TOKENS)
+    drafter = SelfSpeculativeDrafter(num_layers)
+    samples = sample_sequences(
+        lambda: _speculative(target, SAMPLE_PROMPT, drafter, 2, stats, **kwargs), SAMPLE_PROMPT.shape[1], num_samples
+    )
+    return chi_square_pvalue(samples, exact)
+
+
+def test_sampling_matches_target(sampling_target):
+    stats = SpeculationStats()
+    pvalue = _sampled(sampling_target, 1, 8_000, dict(temperature=0.8, top_k=6), stats)
+    assert pvalue > 1e-3
+    assert 0.05 < stats.acceptance_rate < 0.95  # a real mix of acceptances and rejections
+
+
+def test_sampling_with_all_layers_accepts_nearly_everything(sampling_target):
+    stats = SpeculationStats()
+    pvalue = _sampled(sampling_target, 3, 1_000, dict(top_p=0.9), stats)
+    assert pvalue > 1e-3
+    assert stats.acceptance_rate > 0.99  # q equals p up to rounding
+
+
+@pytest.mark.slow
+def test_real_smollm2_all_layers_and_early_exit():
+    from hf_specdec import load_default_target
+
+    model, tokenizer = load_default_target()
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Give me three tips for writing clear emails."}], add_generation_prompt=True,
+        return_tensors="pt", return_dict=True,
+    )
+    plain = model.generate(**enc, max_new_tokens=24, do_sample=False)
+    for num_layers in (24, model.config.num_hidden_layers):
+        stats = SpeculationStats()
+        out = model.generate(
+            **enc, max_new_tokens=24, do_sample=False, custom_generate=speculative_generate,
+            assistant=SelfSpeculativeDrafter(num_layers), num_draft_tokens=3, speculation_stats=stats,
+        )
+        assert torch.equal(out, plain)
+        if num_layers == model.config.num_hidden_layers:
+            assert stats.accepted_tokens == stats.drafted_tokens and stats.target_forwards == 6
