@@ -21,13 +21,7 @@ from tests.distribution import captured_processors, chi_square_pvalue, exact_joi
 ALPHABET = "abcdef"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and far more steadily when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sentences(n, seed=0):

@@ -16,13 +16,7 @@ from tests.distribution import captured_processors, chi_square_pvalue, exact_joi
 N_RANGES = [(1, 1), (1, 3), (2, 4), (1, 6), (3, 5)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and far more steadily when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def brute_force(seq: list[int], min_n: int, max_n: int, max_tokens: int, strategy: str) -> tuple[list[int], int]:

@@ -18,13 +18,7 @@ NEW_TOKENS = 20
 PROMPTS = random_prompts(10, seed=5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and far more steadily when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_mistral(layers=LAYERS, seed=0):
