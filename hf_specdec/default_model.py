@@ -78,7 +78,8 @@ def load_default_target(dtype=None, **kwargs):
 
 def resolve_target(name_or_path: str | None, **kwargs):
     """`None`/`"default"` -> the embedded SmolLM2; anything else -> `from_pretrained(name_or_path)`."""
-    if name_or_path in (None, "", "default"):
+    # The Hub id is what drafter configs record; the Hub is not needed for it.
+    if name_or_path in (None, "", "default", "HuggingFaceTB/SmolLM2-135M-Instruct"):
         return load_default_target(**kwargs)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
