@@ -4,6 +4,7 @@ from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput, speculativ
 from .default_model import load_default_target
 from .drafters import CandidateGeneratorDrafter, Draft, Drafter, DraftModelDrafter, NgramDrafter, as_drafter
 from .enable import disable, enable
+from .modeling_drafter import SpecDrafterConfig, SpecDrafterForCausalLM  # registers the drafter with the Auto classes
 
 __version__ = "0.1.0"
 
@@ -20,4 +21,6 @@ __all__ = [
     "CandidateGeneratorDrafter",
     "as_drafter",
     "load_default_target",
+    "SpecDrafterConfig",
+    "SpecDrafterForCausalLM",
 ]

@@ -17,6 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .draft_length import as_draft_length_policy
 from .ragged_cache import RaggedKV
 from .drafters import Draft, Drafter, as_drafter
+from .drafters.per_row import PerRowDrafter
 from .verification import greedy_accept, one_hot_probs, rejection_sample
 
 _MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
@@ -120,11 +121,6 @@ def validate_batch(model, drafter: Drafter, batch_size: int, generation_config, 
     """What batch > 1 needs beyond batch 1 (see the design note in ragged_cache.py)."""
     if batch_size == 1:
         return
-    if not drafter.supports_batch:
-        raise ValueError(
-            f"{type(drafter).__name__} drafts for one sequence at a time; run the prompts one by one, or use a drafter "
-            "that supports batches (a draft model, 'ngram')."
-        )
     if any(t == "sliding_attention" for t in (getattr(model.config, "layer_types", None) or [])):
         raise ValueError("Batched speculative decoding does not support sliding-window attention targets; use batch 1.")
     if not isinstance(cache, DynamicCache) or type(cache).__name__ != "DynamicCache":
@@ -154,6 +150,8 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     new_ids = torch.cat([pending, draft.tokens], dim=1)
     new_valid = torch.cat([pending_valid, valid], dim=1)
     raw_logits = target.forward(new_ids, new_valid, k + 1)
+    if drafter.uses_target_hidden:
+        drafter.observe_target(target.last_hidden, new_valid)
     scores = raw_logits.clone()
     if logits_processor:
         for b in range(batch.size):  # each row's processors see the exact prefix that position is conditioned on
@@ -267,6 +265,8 @@ def speculative_generate(
     if cache is None:
         cache = DynamicCache(config=model.config)
     validate_batch(model, drafter, batch_size, generation_config, cache)
+    if batch_size > 1 and not drafter.supports_batch:
+        drafter = PerRowDrafter(drafter)  # drafts row by row; the target still verifies the whole batch at once
     if cache.get_seq_length() != 0:
         raise ValueError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
     if not cache.is_croppable:
@@ -284,7 +284,7 @@ def speculative_generate(
     else:
         drafter.start(model, input_ids, generation_config, logits_processor)
     cache.activate_past_recording()
-    target = RaggedKV(model, cache, attention_mask[:, :0], fast_cpu_verify)
+    target = RaggedKV(model, cache, attention_mask[:, :0], fast_cpu_verify, capture_hidden=drafter.uses_target_hidden)
 
     want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     want_logits = generation_config.return_dict_in_generate and generation_config.output_logits

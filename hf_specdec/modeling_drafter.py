@@ -51,6 +51,9 @@ class SpecDrafterConfig(PreTrainedConfig):
 
     vocab_size: the TARGET's full vocabulary (the drafter proposes target token ids).
     draft_vocab_size: size of the reduced output vocabulary (0 or None: the full vocabulary).
+    target_feature_input: EAGLE-style drafter: each position's input is its token embedding fused with the TARGET's
+        final hidden state at the previous position (`target_features`); while drafting ahead the drafter feeds its
+        own output hidden state instead. `hf_specdec.drafters.FeatureDrafter` runs such drafters.
     save_dtype: dtype of the weights on disk ("float16" halves the file; weights are cast back on load).
     target_name_or_path / target_quantization: the target this drafter was distilled to, as deployed
         ("none", "8bit" or "4bit" bitsandbytes).
@@ -81,6 +84,7 @@ class SpecDrafterConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = False
     draft_vocab_size: int | None = 0
+    target_feature_input: bool = False
     save_dtype: str | None = "float16"
     target_name_or_path: str | None = None
     target_quantization: str | None = "none"
@@ -202,6 +206,8 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
     def __init__(self, config: SpecDrafterConfig):
         super().__init__(config)
         self.embed_tokens = BorrowedEmbedding()
+        # EAGLE-style: [token embedding ; target feature of the previous position] -> hidden size
+        self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.target_feature_input else None
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
@@ -213,12 +219,22 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                use_cache=None, **kwargs) -> torch.Tensor:
+                use_cache=None, target_features=None, **kwargs) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden = inputs_embeds.to(self.norm.weight.dtype)
+        if self.fuse is not None:
+            if target_features is None or target_features.shape[:-1] != hidden.shape[:-1]:
+                raise ValueError(
+                    "This drafter is feature-conditioned (config.target_feature_input): pass `target_features` "
+                    "[batch, length, hidden], the target's final hidden state at each previous position; "
+                    "`speculative_generate` does this for you."
+                )
+            hidden = self.fuse(torch.cat([hidden, target_features.to(hidden.dtype)], dim=-1))
+        elif target_features is not None:
+            raise ValueError("target_features given to a drafter without config.target_feature_input.")
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         if position_ids is None:
@@ -329,6 +345,7 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs,
         )
+        all_hidden = hidden  # the (normed) output at every position: a feature-conditioned drafter feeds it back
         if isinstance(logits_to_keep, int):
             hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         elif logits_to_keep.dtype == torch.bool and logits_to_keep.dim() == 2:
@@ -340,7 +357,7 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
         if labels is not None:  # plain next-token cross-entropy, over the full vocabulary
             shift = logits[:, :-1].float()
             loss = nn.functional.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=(all_hidden,))
 
     # --- saving: the drafter's own weights only, in `config.save_dtype` ---
     def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):

@@ -14,15 +14,32 @@ not positions, so holes would shift its window: such targets are refused for bat
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .cpu_matmul import small_m_linear
+
+
+def final_norm(model) -> nn.Module:
+    """The module whose output is the target's final hidden state (the LM head's input), for feature drafters."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
+        module = getattr(decoder, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ValueError(
+        f"{type(model).__name__} exposes no final norm (decoder.norm / ln_f) whose output a feature-conditioned "
+        "drafter (EAGLE-style, Medusa) could read; use a token-only drafter with this target."
+    )
 
 
 class RaggedKV:
     """A model plus its cache, fed per-row token blocks with validity masks; rejected slots become holes."""
 
-    def __init__(self, model, cache, slot_mask: torch.Tensor, fast_cpu_verify: bool = True):
+    def __init__(self, model, cache, slot_mask: torch.Tensor, fast_cpu_verify: bool = True, capture_hidden: bool = False):
         self.model = model
+        # feature drafters read the final hidden state of every fed token: a hook on the final norm (no extra compute)
+        self.hidden_source = final_norm(model) if capture_hidden else None
+        self.last_hidden = None
         self.cache = cache
         self.slot_mask = slot_mask.long()  # [B, S]: 1 = a real token's slot, 0 = left padding or a hole
         self.fast = fast_cpu_verify and model.device.type == "cpu"
@@ -45,9 +62,18 @@ class RaggedKV:
             kwargs["attention_mask"] = self.slot_mask
         if self.keep_logits:
             kwargs["logits_to_keep"] = num_logits
-        with small_m_linear(self.fast):
-            out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+        captured = []
+        hook = None
+        if self.hidden_source is not None:
+            hook = self.hidden_source.register_forward_hook(lambda module, args, output: captured.append(output))
+        try:
+            with small_m_linear(self.fast):
+                out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
         self.last_output = out
+        self.last_hidden = captured[-1] if captured else None  # [B, m, H]
         return out.logits[:, -num_logits:].float()
 
     def keep(self, num_new: int, num_kept: torch.Tensor) -> None:

@@ -93,3 +93,49 @@ def test_batch_refusals_are_clear():
     out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate,
                           assistant=perturbed_copy(target), max_new_tokens=5, pad_token_id=PAD)
     assert out.shape == (2, ids.shape[1] + 5) or out.shape[0] == 2
+
+
+# --- every drafter kind in batches ------------------------------------------------------------------------------------
+def _ragged_batch_check(target, assistant, vocab, prompts, k_values=(2, 5), steps=20, seed_eos=True):
+    stats = SpeculationStats()
+    for batch_size in (3, 6):
+        ids, mask = left_pad(prompts[:batch_size])
+        free = target.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, pad_token_id=PAD)
+        eos = [int(free[0, ids.shape[1] + 6])] if seed_eos else None
+        kwargs = dict(attention_mask=mask, max_new_tokens=steps, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+        expected = target.generate(ids, **kwargs)
+        for k in k_values:
+            out = target.generate(ids, custom_generate=speculative_generate, assistant=assistant, num_draft_tokens=k,
+                                  speculation_stats=stats, **kwargs)
+            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+    return stats
+
+
+def test_ngram_in_batches(one_thread):
+    target = tiny_llama(vocab=8, seed=0)  # a small vocabulary repeats itself: the n-gram index finds matches
+    prompts = random_prompts(6, vocab=8, seed=3, min_len=4, max_len=14)
+    stats = _ragged_batch_check(target, "ngram", 8, prompts)
+    assert stats.accepted_tokens > 0
+
+
+def test_self_speculation_in_batches(one_thread):
+    from hf_specdec.drafters import SelfSpeculativeDrafter
+
+    target = tiny_llama(layers=3, seed=0)
+    stats = _ragged_batch_check(target, SelfSpeculativeDrafter(num_layers=2), 96, random_prompts(6, seed=4, min_len=2))
+    assert stats.drafted_tokens > 0
+    all_layers = _ragged_batch_check(target, SelfSpeculativeDrafter(num_layers=3), 96, random_prompts(6, seed=4),
+                                     seed_eos=False)
+    assert all_layers.accepted_tokens == all_layers.drafted_tokens  # the target drafting for itself
+
+
+def test_cross_tokenizer_drafter_in_batches_row_by_row(one_thread):
+    from hf_specdec.drafters import CrossTokenizerDrafter
+    from tests.test_cross_tokenizer import bpe_tokenizer, char_tokenizer, sentences
+
+    target_tok, draft_tok = bpe_tokenizer(), char_tokenizer()
+    target = tiny_llama(vocab=len(target_tok))
+    drafter = CrossTokenizerDrafter(tiny_llama(vocab=len(draft_tok), seed=3), draft_tok, target_tok)
+    prompts = [torch.tensor([target_tok(s, add_special_tokens=False)["input_ids"]]) for s in sentences(6, seed=5)]
+    stats = _ragged_batch_check(target, drafter, len(target_tok), prompts, k_values=(3,))
+    assert stats.drafted_tokens > 0

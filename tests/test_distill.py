@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec.modeling_drafter import SpecDrafterForCausalLM
+import hf_specdec.drafters
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "training" / "distill.py"
@@ -310,3 +311,46 @@ def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
     meta = json.loads(next((tmp_path / "cache").glob("*/meta.json")).read_text())
     assert meta["processes"] == 2 and meta["train_records"] == 24 + 32
     assert isinstance(AutoModelForCausalLM.from_pretrained(out), SpecDrafterForCausalLM)
+
+
+# --- eagle: a drafter that reads the target's hidden states -------------------------------------------------------------
+def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
+    out = tmp_path / "eagle"
+    summary = run_in_process(cli(world, out, drafter="eagle", max_steps=8, eval_every=8, save_every=0, learning_rate=3e-3))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert summary["best"]["mean_accepted_tokens"] >= 1.0
+    cache = Path(json.loads((out / "training_summary.json").read_text())["data"]["cache_folder"])
+    assert (cache / "features-train.safetensors").exists() and (cache / "features-heldout.safetensors").exists()
+    drafter = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(drafter, SpecDrafterForCausalLM) and drafter.config.target_feature_input
+    assert isinstance(hf_specdec.as_drafter(drafter), hf_specdec.drafters.EagleDrafter)
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    for seed in range(3):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
+                               assistant=drafter, num_draft_tokens=4)
+        assert torch.equal(plain, spec)
+
+
+def test_eagle_passes_feed_back_their_own_hidden_states(world):
+    """Pass r of the unrolled training sees the drafter's own pass r-1 output as features, shifted by one position."""
+    drafter = SpecDrafterForCausalLM(distill.drafter_config_from_target(
+        LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2), num_hidden_layers=1, target_feature_input=True))
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    drafter.bind_target(target)
+    ids = torch.randint(6, 96, (2, 7))
+    positions = torch.zeros(2, 7, dtype=torch.bool)
+    positions[:, 2:6] = True
+    batch = {"input_ids": ids, "positions": positions, "features": torch.randn(2, 7, 64)}
+    seen = []
+    original = drafter.forward
+    with mock.patch.object(drafter, "forward", side_effect=lambda **kw: seen.append(kw["target_features"]) or original(**kw)):
+        logits, _ = distill.eagle_passes(drafter, batch, unroll_steps=1)
+    assert len(logits) == 2 and logits[0].shape[0] == int(positions.sum())
+    torch.testing.assert_close(seen[0][:, 1:], batch["features"][:, :-1])
+    assert not seen[0][:, 0].any()
+    own = original(input_ids=ids, target_features=seen[0], use_cache=False).hidden_states[0]
+    torch.testing.assert_close(seen[1][:, 1:], own[:, :-1])

@@ -3,7 +3,8 @@
     accelerate launch training/distill.py --target default --target-quantization 8bit --max-steps 2000 \
         --output-dir runs/smollm2-drafter
     python training/distill.py ...                                  # the same, one process
-    accelerate launch --cpu --num_processes 2 training/distill.py ...  # two CPU processes (gloo)
+    accelerate launch --cpu --num_processes 2 training/distill.py ...  # two CPU processes (gloo; accelerate itself
+                                       # starts one here, see relaunch_for_cpu_processes)
 
 One readable script, top to bottom:
   1. arguments                 (dataclass, `HfArgumentParser`: --max-steps and --max_steps both work)
@@ -64,11 +65,13 @@ class Args:
     target: str = field(default="default", metadata={"help": "'default' (embedded SmolLM2-135M-Instruct), a Hub id or a folder"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
-    drafter: str = field(default="new", metadata={"help": "'new', or a folder with an existing drafter / causal LM"})
+    drafter: str = field(default="new", metadata={"help": "'new' (token-only drafter), 'eagle' (a drafter that also reads the target's final hidden states, EAGLE-style), or a folder with an existing drafter / causal LM"})
     drafter_layers: int = 2
     drafter_intermediate_size: int = field(default=0, metadata={"help": "0: the target's"})
     draft_vocab_size: int = field(default=8192, metadata={"help": "reduced output vocabulary (most frequent target tokens); 0: full"})
-    init_from_target: bool = field(default=True, metadata={"help": "new drafter: copy the target's first layers and final norm"})
+    init_from_target: bool = field(default=True, metadata={"help": "new drafter: copy the target's first layers (eagle: its last layers) and final norm"})
+    feature_loss_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the smooth-L1 loss between the drafter's and the target's hidden states"})
+    unroll_steps: int = field(default=1, metadata={"help": "eagle: extra training passes that feed the drafter its own hidden states, as drafting ahead does"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters on an existing drafter instead of all weights"})
     lora_r: int = 16
     lora_alpha: int = 32
@@ -88,6 +91,7 @@ class Args:
     gen_batch_size: int = 16
     score_batch_size: int = 8
     data_cache_dir: str = field(default="", metadata={"help": "default: <hf_specdec cache>/distill-data"})
+    extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
     loss: Literal["fkl", "rkl", "tvd", "jsd", "ce"] = "fkl"
@@ -170,7 +174,7 @@ def eos_ids(target, tokenizer) -> list[int]:
 
 def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: list[int]):
     """A new SpecDrafter (initialised from the target where shapes allow) or an existing drafter / causal LM."""
-    if args.drafter != "new":
+    if args.drafter not in ("new", "eagle"):
         drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=torch.float32)
         if isinstance(drafter, SpecDrafterForCausalLM):
             drafter.config.target_name_or_path = target_id(args)
@@ -182,7 +186,7 @@ def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: li
             intermediate_size=args.drafter_intermediate_size or None,
             draft_vocab_size=args.draft_vocab_size if args.draft_vocab_size < vocab else 0,
             target_name_or_path=target_id(args), target_quantization=args.target_quantization,
-            num_draft_tokens_eval=args.num_draft_tokens,
+            num_draft_tokens_eval=args.num_draft_tokens, target_feature_input=args.drafter == "eagle",
         )
         drafter = SpecDrafterForCausalLM(config)
         if args.init_from_target:
@@ -195,7 +199,7 @@ def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: li
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
-        if args.drafter == "new":
+        if args.drafter in ("new", "eagle"):
             raise ValueError("--lora adapts an existing drafter: pass --drafter PATH.")
         modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         drafter = get_peft_model(drafter, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=modules))
@@ -203,9 +207,17 @@ def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: li
 
 
 def init_from_target(drafter: SpecDrafterForCausalLM, args: Args) -> None:
-    """Copy the fp32 target's first layers and final norm into the drafter wherever names and shapes match."""
+    """Copy the fp32 target's first layers and final norm into the drafter wherever names and shapes match.
+
+    An eagle drafter continues from the target's final hidden state, so it starts from the target's LAST layers."""
     source = AutoModelForCausalLM.from_pretrained(target_folder(args), dtype=torch.float32)  # never the quantized copy
     src = source.state_dict()
+    if drafter.config.target_feature_input:
+        n_src, n = source.config.get_text_config().num_hidden_layers, drafter.config.num_hidden_layers
+        for i in range(n):
+            prefix, src_prefix = f"model.layers.{i}.", f"model.layers.{n_src - n + i}."
+            for key in [k for k in src if k.startswith(src_prefix)]:
+                src[prefix + key[len(src_prefix):]] = src[key]
     copied = 0
     with torch.no_grad():
         for name, param in drafter.state_dict().items():
@@ -476,8 +488,21 @@ class TeacherData:
     def record(self, i: int) -> dict:
         a, b = self.t["tok_off"][i : i + 2].tolist()
         c, d = self.t["tgt_off"][i : i + 2].tolist()
-        return {"tokens": self.t["tokens"][a:b], "start": int(self.t["start"][i]), "ids": self.t["ids"][c:d],
-                "lps": self.t["lps"][c:d], "source": int(self.t["source"][i])}
+        record = {"tokens": self.t["tokens"][a:b], "start": int(self.t["start"][i]), "ids": self.t["ids"][c:d],
+                  "lps": self.t["lps"][c:d], "source": int(self.t["source"][i])}
+        if self.features is not None:
+            record["features"] = self.features[a:b]
+        return record
+
+    features: torch.Tensor | None = None  # [tokens, hidden] the target's final hidden states (eagle drafters)
+
+    @classmethod
+    def concat(cls, parts: list["TeacherData"]) -> "TeacherData":
+        records = [p.record(i) for p in parts for i in range(len(p))]
+        out = cls.from_records(records, parts[0].meta)
+        if all(p.features is not None for p in parts):
+            out.features = torch.cat([p.features for p in parts])
+        return out
 
     def lengths(self) -> torch.Tensor:
         return self.t["tok_off"].diff()
@@ -501,10 +526,53 @@ class TeacherData:
         return cls(load_file(str(path)), meta)
 
 
+@torch.no_grad()
+def attach_target_features(target, data: TeacherData, path: Path, show: bool, tokens_per_batch: int = 4096) -> None:
+    """The target's final hidden state (the LM head's input, read where the decoding loop reads it) at every token of
+    every record, fp16, computed once and cached beside the teacher data."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_specdec.ragged_cache import final_norm
+
+    if not path.exists():
+        norm, captured = final_norm(target), []
+        hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
+        hidden = target.config.get_text_config().hidden_size
+        lengths, offsets = data.lengths().tolist(), data.t["tok_off"].tolist()
+        features = torch.zeros(offsets[-1], hidden, dtype=torch.float16)
+        order = sorted(range(len(data)), key=lambda i: lengths[i])
+        bar = tqdm(total=offsets[-1], desc=f"target features ({path.name})", disable=not show, unit="tok")
+        try:
+            i = 0
+            while i < len(order):
+                batch = [order[i]]
+                while i + len(batch) < len(order) and lengths[order[i + len(batch)]] * (len(batch) + 1) <= tokens_per_batch:
+                    batch.append(order[i + len(batch)])
+                i += len(batch)
+                width = max(lengths[j] for j in batch)
+                ids = torch.zeros(len(batch), width, dtype=torch.long)
+                for row, j in enumerate(batch):
+                    ids[row, : lengths[j]] = data.t["tokens"][offsets[j] : offsets[j + 1]].long()
+                captured.clear()
+                target(input_ids=ids.to(target.device), use_cache=False, logits_to_keep=1)  # right padding: no mask
+                for row, j in enumerate(batch):
+                    features[offsets[j] : offsets[j + 1]] = captured[-1][row, : lengths[j]].half().cpu()
+                bar.update(sum(lengths[j] for j in batch))
+        finally:
+            hook.remove()
+            bar.close()
+        tmp = path.with_suffix(".tmp")
+        save_file({"features": features}, str(tmp))
+        tmp.rename(path)
+    data.features = load_file(str(path))["features"]
+
+
 def file_fingerprint(path: Path) -> str:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".bin", ".jinja"))
         return ";".join(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in files)
+    if path.exists() and path.stat().st_size < 1 << 20:  # small files (the exclusion list): by content, not mtime
+        return f"{path.name}:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
     return f"{path.name}:{path.stat().st_size}:{int(path.stat().st_mtime)}" if path.exists() else str(path)
 
 
@@ -615,16 +683,64 @@ def collate(records: list[dict], pad: int) -> dict:
     for row, r in enumerate(records):
         ids[row, : len(r["tokens"])] = r["tokens"].long()
         positions[row, r["start"] - 1 : len(r["tokens"]) - 1] = True
-    return {"input_ids": ids, "positions": positions, "tgt_ids": torch.cat([r["ids"] for r in records]).long(),
-            "tgt_lps": torch.cat([r["lps"] for r in records]).float()}
+    batch = {"input_ids": ids, "positions": positions, "tgt_ids": torch.cat([r["ids"] for r in records]).long(),
+             "tgt_lps": torch.cat([r["lps"] for r in records]).float()}
+    if "features" in records[0]:  # eagle: the target's hidden state at every position, right-padded with zeros
+        feats = torch.zeros(len(records), width, records[0]["features"].shape[-1])
+        for row, r in enumerate(records):
+            feats[row, : len(r["tokens"])] = r["features"].float()
+        batch["features"] = feats
+    return batch
 
 
 def drafter_logits(model, batch: dict) -> torch.Tensor:
     """[N, V'] drafter logits at the target positions; V' = the draft vocabulary for a SpecDrafter."""
     inner = unwrap_drafter(model)
+    if "features" in batch:
+        return eagle_passes(model, batch, unroll_steps=0)[0][0]
     if isinstance(inner, SpecDrafterForCausalLM):
         return model(input_ids=batch["input_ids"], logits_to_keep=batch["positions"], use_cache=False, full_vocab_logits=False).logits
     return model(input_ids=batch["input_ids"], use_cache=False).logits[batch["positions"]]
+
+
+def eagle_passes(model, batch: dict, unroll_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """An eagle drafter's logits at the target positions for 1 + unroll_steps passes, and its feature loss.
+
+    Pass 0 feeds at position j the token t_j and the TARGET's hidden state f_{j-1} (what the drafter gets for tokens
+    the target has verified); pass r feeds the drafter's own output of pass r-1 instead (what it gets for the r-th token
+    it drafts ahead). Every pass regresses its output hidden state on f_j (smooth L1)."""
+    feats, positions = batch["features"], batch["positions"]
+    shift = lambda h: torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # noqa: E731
+    inputs, all_logits, feature_loss = shift(feats), [], 0.0
+    for _ in range(1 + unroll_steps):
+        out = model(input_ids=batch["input_ids"], target_features=inputs, logits_to_keep=positions, use_cache=False,
+                    full_vocab_logits=False)
+        hidden = out.hidden_states[0]
+        all_logits.append(out.logits)
+        feature_loss = feature_loss + torch.nn.functional.smooth_l1_loss(hidden[positions], feats[positions])
+        inputs = shift(hidden)
+    return all_logits, feature_loss / (1 + unroll_steps)
+
+
+def training_loss(model, batch: dict, cols, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits of the teacher-forced pass) for one batch."""
+    if "features" not in batch:
+        logits = drafter_logits(model, batch)
+        return token_loss(logits, batch, cols, args.loss), logits
+    all_logits, feature_loss = eagle_passes(model, batch, args.unroll_steps)
+    tokens = sum(token_loss(l, batch, cols, args.loss) for l in all_logits) / len(all_logits)
+    return tokens + args.feature_loss_weight * feature_loss, all_logits[0]
+
+
+def token_loss(logits: torch.Tensor, batch: dict, cols, kind: str) -> torch.Tensor:
+    """A divergence to the target's distribution, or (`ce`) plain next-token cross-entropy on the training text."""
+    if kind != "ce":
+        return distill_loss(logits, batch["tgt_ids"], batch["tgt_lps"], cols, kind)
+    next_ids = batch["input_ids"].roll(-1, dims=1)[batch["positions"]]
+    col = next_ids if cols is None else cols[next_ids]
+    valid = col >= 0  # a token outside the draft vocabulary cannot be learnt
+    logq = logits.float().log_softmax(-1).gather(-1, col.clamp_min(0)[:, None])[:, 0]
+    return -(logq * valid).sum() / valid.sum().clamp_min(1)
 
 
 def column_map(model, vocab_size: int, device) -> torch.Tensor | None:
@@ -943,9 +1059,25 @@ def main(argv=None) -> dict:
     with accelerator.main_process_first():
         target, tokenizer = load_target(args, accelerator.device)
     train, heldout = prepare_data(args, accelerator, target, tokenizer)
+    if args.extra_data:
+        extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
+        for part, folder in zip(extra, [f for f in args.extra_data.split(",") if f]):
+            part.meta = {**json.loads((Path(folder) / "meta.json").read_text()), "cache_folder": folder}
+    if args.drafter == "eagle":  # the target's hidden states, cached beside each teacher-data folder
+        with accelerator.main_process_first():
+            for part in [train, heldout] + (extra if args.extra_data else []):
+                name = "heldout" if part is heldout else "train"
+                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}.safetensors",
+                                       accelerator.is_main_process)
+    if args.extra_data:
+        meta = train.meta
+        train = TeacherData.concat([train] + extra)
+        train.meta = {**meta, "extra_data": args.extra_data}
     if args.prepare_only:
         accelerator.wait_for_everyone()
         return {"data": train.meta}
+    if args.drafter == "eagle" and args.on_policy_ratio > 0:
+        raise ValueError("--on-policy-ratio is not supported with --drafter eagle (its data needs the target's hidden states).")
     if len(train) < args.batch_size * world:
         raise ValueError(f"Only {len(train)} training sequences for a global batch of {args.batch_size * world}.")
 
@@ -1020,8 +1152,7 @@ def main(argv=None) -> dict:
         if on_policy:
             records = on_policy_records(model, target, records, args, tokenizer)
         batch = {k: v.to(accelerator.device) for k, v in collate(records, tokenizer.pad_token_id).items()}
-        logits = drafter_logits(model, batch)
-        loss = distill_loss(logits, batch["tgt_ids"], batch["tgt_lps"], cols, args.loss)
+        loss, logits = training_loss(model, batch, cols, args)
         accelerator.backward(loss)
         grad_norm = accelerator.clip_grad_norm_(trainable, args.max_grad_norm) if args.max_grad_norm > 0 else None
         optimizer.step()

@@ -6,6 +6,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from .base import CandidateGeneratorDrafter, Draft, Drafter
 from .draft_model import DraftModelDrafter
 from .cross_tokenizer import CrossTokenizerDrafter
+from .eagle import EagleDrafter
 from .ngram import NgramDrafter
 from .self_speculative import SelfSpeculativeDrafter
 
@@ -15,6 +16,7 @@ __all__ = [
     "DraftModelDrafter",
     "NgramDrafter",
     "SelfSpeculativeDrafter",
+    "EagleDrafter",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
     "as_drafter",
@@ -41,6 +43,8 @@ def as_drafter(assistant) -> Drafter:
             raise TypeError(f"assistant={type(assistant).__name__} is not a causal LM; expected {ACCEPTED_ASSISTANTS}.")
         if assistant.get_output_embeddings() is None:
             raise TypeError(f"assistant={type(assistant).__name__} has no LM head; expected {ACCEPTED_ASSISTANTS}.")
+        if getattr(assistant.config, "target_feature_input", False):
+            return EagleDrafter(assistant)  # reads the target's hidden states (EAGLE-style)
         return DraftModelDrafter(assistant)
     if isinstance(assistant, CandidateGenerator):
         return CandidateGeneratorDrafter(assistant)

@@ -48,6 +48,10 @@ class Drafter(CandidateGenerator):
     #: `input_ids` is RIGHT-padded and row b's sequence is `input_ids[b, :lengths[b]]` (its prompt, including the
     #: prompt's own left padding, then its generated tokens), and `select_rows(rows)` when finished rows leave.
     supports_batch: bool = False
+    #: feature drafters (EAGLE-style, Medusa) set this: after every verification forward the loop calls
+    #: `observe_target(hidden [B, m, H], valid [B, m])` with the target's final hidden state of every token it fed
+    #: (the row's uncached tokens, then the drafts), before `accepted(...)` says how many drafts were kept.
+    uses_target_hidden: bool = False
 
     def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""
@@ -59,6 +63,9 @@ class Drafter(CandidateGenerator):
 
     def accepted(self, input_ids: torch.Tensor, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         """`input_ids` now ends with the accepted drafts plus the target's token; `num_accepted` is `[B]`."""
+
+    def observe_target(self, hidden: torch.Tensor, valid: torch.Tensor) -> None:
+        """Feature drafters: the target's final hidden states of the tokens just verified (see `uses_target_hidden`)."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Batch drafters: keep only these rows (finished rows have left the batch)."""

@@ -29,7 +29,7 @@ class DraftModelDrafter(Drafter):
         return self.model.config.get_text_config().vocab_size
 
     def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        super().start(target, input_ids, generation_config, logits_processor)
+        Drafter.start(self, target, input_ids, generation_config, logits_processor)
         if self.model.config.is_encoder_decoder:
             raise ValueError("The draft model must be a decoder-only causal LM.")
         if self.model.device != target.device:

@@ -1,0 +1,122 @@
+"""EAGLE-style drafters (SpecDrafter reading the target's hidden states): exact outputs, and the features they get
+are the target's real hidden states whatever the batch layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.drafters import EagleDrafter, as_drafter
+from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.ragged_cache import final_norm
+from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+from tests.test_batch import PAD, left_pad
+
+
+def eagle_for(target, seed=3, draft_vocab_size=0):
+    torch.manual_seed(seed)
+    config = drafter_config_from_target(target.config, num_hidden_layers=1, target_feature_input=True,
+                                        draft_vocab_size=draft_vocab_size)
+    drafter = SpecDrafterForCausalLM(config).eval()
+    with torch.no_grad():  # a loud fuse, so the drafts depend on the features (and wrong ones would show)
+        drafter.model.fuse.weight.normal_(0, 0.5)
+    if draft_vocab_size:
+        drafter.set_draft_vocab(torch.arange(draft_vocab_size) * 3 % config.vocab_size)
+    return drafter
+
+
+@pytest.mark.parametrize("make_target", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
+def test_eagle_greedy_identical(make_target, one_thread):
+    target = make_target(vocab=16, seed=0)
+    drafter = eagle_for(target)
+    assert isinstance(as_drafter(drafter), EagleDrafter)
+    stats = SpeculationStats()
+    for prompt in random_prompts(12, vocab=16, seed=5):
+        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        for k in (1, 4):
+            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
+                                  max_new_tokens=24, do_sample=False, speculation_stats=stats)
+            assert torch.equal(out, expected)
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens  # both branches of the bookkeeping ran
+
+
+def test_eagle_batched_greedy_identical_with_eos(one_thread):
+    target = tiny_llama(vocab=16, seed=0)
+    drafter = eagle_for(target, draft_vocab_size=10)
+    prompts = random_prompts(12, vocab=16, seed=9, min_len=2, max_len=12)
+    for batch_size in (2, 6):
+        ids, mask = left_pad(prompts[:batch_size])
+        free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
+        eos = [int(free[0, ids.shape[1] + 4])]
+        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+        expected = target.generate(ids, **kwargs)
+        for k in (2, 5):
+            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, **kwargs)
+            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+
+
+class RecordingEagle(EagleDrafter):
+    """Keeps each row's features when it leaves the batch, by its original row index."""
+
+    def start(self, *args, **kwargs):
+        super().start(*args, **kwargs)
+        self.row_ids, self.final = list(range(len(self.features))), {}
+
+    def select_rows(self, rows):
+        for b, original in enumerate(self.row_ids):
+            self.final[original] = self.features[b]
+        self.row_ids = [self.row_ids[b] for b in rows.tolist()]
+        super().select_rows(rows)
+
+
+def test_eagle_receives_the_targets_real_hidden_states(one_thread):
+    """The features handed over from verification forwards (with holes, padding, finished rows leaving and rolled-back
+    drafts) equal a plain forward's final hidden states of the same tokens."""
+    target = tiny_llama(vocab=16, seed=0)
+    eagle = RecordingEagle(eagle_for(target))
+    ids, mask = left_pad(random_prompts(4, vocab=16, seed=2, min_len=3, max_len=9))
+    out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=eagle,
+                          num_draft_tokens=3, max_new_tokens=16, do_sample=False, pad_token_id=PAD)
+    for b, features in zip(eagle.row_ids, eagle.features):
+        eagle.final[b] = features
+    assert sorted(eagle.final) == [0, 1, 2, 3]
+    for b in range(4):
+        real = torch.cat([out[b, : ids.shape[1]][mask[b].bool()], out[b, ids.shape[1] :]])
+        captured = []
+        hook = final_norm(target).register_forward_hook(lambda m, a, o: captured.append(o))
+        target(real[None])
+        hook.remove()
+        got = eagle.final[b]
+        assert len(got) >= int(mask[b].sum())
+        torch.testing.assert_close(got, captured[0][0, : len(got)], atol=1e-4, rtol=1e-4)
+
+
+def test_eagle_sampling_matches_target(one_thread):
+    target = tiny_llama(vocab=12, seed=0)
+    drafter = eagle_for(target)
+    prompt = torch.tensor([[1, 5, 7, 2]])
+    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
+    samples = sample_sequences(
+        lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=2,
+                                **kwargs),
+        prompt.shape[1], 6000, seed=0,
+    )
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+def test_eagle_round_trip_and_clear_errors(tmp_path, one_thread):
+    target = tiny_llama(vocab=16, seed=0)
+    drafter = eagle_for(target, draft_vocab_size=8)
+    drafter.save_pretrained(tmp_path)
+    loaded = SpecDrafterForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert loaded.config.target_feature_input
+    prompt = random_prompts(1, vocab=16, seed=1)[0]
+    a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12, do_sample=False)
+    assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    with pytest.raises(ValueError, match="target_features"):
+        loaded.bind_target(target)(input_ids=prompt)
+    with pytest.raises(TypeError, match="target_feature_input"):
+        EagleDrafter(target)
