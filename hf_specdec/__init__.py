@@ -5,6 +5,7 @@ from .default_model import load_default_target
 from .drafters import CandidateGeneratorDrafter, Draft, Drafter, DraftModelDrafter, NgramDrafter, as_drafter
 from .enable import disable, enable
 from .modeling_drafter import SpecDrafterConfig, SpecDrafterForCausalLM  # registers the drafter with the Auto classes
+from .auto_drafter import AutoDrafter
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "load_default_target",
     "SpecDrafterConfig",
     "SpecDrafterForCausalLM",
+    "AutoDrafter",
 ]

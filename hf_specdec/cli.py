@@ -1,4 +1,4 @@
-"""The `hf-specdec` command: `demo` (the main job) and `bench`."""
+"""The `hf-specdec` command: `demo` (the main job), `bench`, and sharing drafters: `push`, `export`."""
 
 from __future__ import annotations
 
@@ -96,7 +96,39 @@ def bench(args) -> int:
     return 0
 
 
+def push(args) -> int:
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from .hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
+    from .modeling_drafter import MODEL_TYPE
+
+    folder = Path(args.folder)
+    config = AutoConfig.from_pretrained(folder)  # a clear error when the folder holds no drafter
+    if config.model_type == MODEL_TYPE and not (folder / CUSTOM_GENERATE_DIR).is_dir():
+        print(f"writing {folder / CUSTOM_GENERATE_DIR} (saved before hf_specdec wrote it)")
+        write_custom_generate(folder)
+    if not (folder / "README.md").is_file():
+        print(f"writing a model card: {folder / 'README.md'}")
+        render_model_card(folder, config, repo_id=args.repo_id).save(str(folder / "README.md"))
+    print(f"uploaded to {push_folder(folder, args.repo_id, private=args.private)}")
+    return 0
+
+
+def export(args) -> int:
+    from .default_model import resolve_target
+    from .export import export_drafter
+
+    target, _ = resolve_target(args.target)
+    out = export_drafter(args.folder, target, args.out, args.format)
+    print(f"wrote {out} ({args.format})")
+    return 0
+
+
 def main(argv=None) -> int:
+    from .export import FORMATS as EXPORT_FORMATS
+
     parser = argparse.ArgumentParser(prog="hf-specdec", description="Exact speculative decoding for transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -125,6 +157,20 @@ def main(argv=None) -> int:
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=bench)
+
+    p = sub.add_parser("push", help="upload a drafter folder (custom_generate/ and model card included) to the Hub")
+    p.add_argument("folder")
+    p.add_argument("--repo-id", required=True, help="owner/name on the Hub (the token of `hf auth login` or HF_TOKEN)")
+    p.add_argument("--private", action="store_true")
+    p.set_defaults(func=push)
+
+    p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
+    p.add_argument("folder", help="a drafter folder or Hub id")
+    p.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS),
+                   help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout")
+    p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=export)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -21,11 +21,6 @@ def load_shipped_drafter(name: str, target):
     folder = SHIPPED_DIR / name
     if not (folder / "config.json").exists():
         raise ValueError(f"No shipped drafter named {name!r}; available: {shipped_drafter_names() or 'none'}.")
-    from transformers import AutoModelForCausalLM
+    from .auto_drafter import AutoDrafter
 
-    from . import modeling_drafter  # noqa: F401  (registers the drafter classes with the Auto* factories)
-
-    model = AutoModelForCausalLM.from_pretrained(folder).to(target.device).eval()
-    if hasattr(model, "bind_target"):
-        model.bind_target(target)
-    return model
+    return AutoDrafter.from_pretrained(folder, target=target)

@@ -69,6 +69,27 @@ def test_real_model_speculative_greedy_equals_plain(smollm):
 
 
 @pytest.mark.slow
+def test_shipped_drafters_decode_exactly_in_batches(smollm):
+    """Every drafter shipped for the default target loads with no training and decodes it exactly (batch of 2)."""
+    from hf_specdec.bench import encode_batch, resolve_assistant
+    from hf_specdec.shipped import shipped_drafter_names
+
+    model, tokenizer = smollm
+    names = shipped_drafter_names()
+    assert "distilled" in names
+    enc = encode_batch(tokenizer, CHAT_PROMPTS[:2], model.device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    kwargs = dict(**enc, max_new_tokens=32, do_sample=False, pad_token_id=pad)
+    plain = model.generate(**kwargs)
+    for name in names:
+        stats = SpeculationStats()
+        out = model.generate(**kwargs, custom_generate=speculative_generate, assistant=resolve_assistant(name, model),
+                             speculation_stats=stats)
+        assert torch.equal(out, plain), name
+        assert stats.accepted_tokens > 0, name
+
+
+@pytest.mark.slow
 def test_demo_command_runs(capsys):
     from hf_specdec.cli import main
 

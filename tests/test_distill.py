@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import hf_specdec
 from hf_specdec.modeling_drafter import SpecDrafterForCausalLM
 import hf_specdec.drafters
+import hf_specdec.hub
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "training" / "distill.py"
@@ -254,6 +255,8 @@ def test_push_to_hub_uploads_exactly_the_drafter_folder(trained):
     assert call.kwargs["folder_path"] == str(trained["out"]) and call.kwargs["repo_id"] == "someone/tiny-drafter"
     expected = ["README.md", "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                 "tokenizer.json", "tokenizer_config.json", "training_log.jsonl", "training_summary.json"]
+    # the custom_generate/ folder too: `custom_generate="<repo>"` runs it from the Hub (see hf_specdec/hub.py)
+    expected = sorted(expected + [f"custom_generate/{n}" for n in [*hf_specdec.hub.bundle_sources(), "requirements.txt"]])
     assert call.kwargs["allow_patterns"] == expected
     assert "token" not in call.kwargs and "token" not in api.create_repo.call_args.kwargs
     from huggingface_hub.utils import filter_repo_objects

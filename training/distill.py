@@ -41,12 +41,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub import HfApi
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, HfArgumentParser
 
 import hf_specdec
 from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir, default_target_folder, load_default_target
+from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -961,48 +962,19 @@ def data_description(args: Args) -> str:
 
 
 def write_model_card(folder: Path, config, args: Args, summary: dict) -> None:
-    is_hub_id = args.target in ("", "default") or (not Path(args.target).exists() and args.target.count("/") == 1)
-    card_data = ModelCardData(
-        library_name="hf-specdec",
-        base_model=target_id(args) if is_hub_id else None,
-        license=args.license,
-        datasets=[SHAREGPT_HUB_ID] if args.data == "sharegpt" else ([args.data] if args.data.count("/") == 1 and not Path(args.data).exists() else None),
-        tags=["speculative-decoding", "draft-model", "distillation", "hf-specdec"],
-        pipeline_tag="text-generation",
-    )
-    measured = config.measured or {}
-    card = ModelCard.from_template(
-        card_data,
-        template_path=str(REPO_ROOT / "model_cards" / "drafter.md"),
-        repo_id=args.hub_model_id or folder.name,
-        target_id=target_id(args),
-        target_is_default=args.target in ("", "default"),
-        quantization=args.target_quantization,
-        quantization_code={"none": "None", "8bit": "BitsAndBytesConfig(load_in_8bit=True)",
-                           "4bit": 'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
-                                   "bnb_4bit_compute_dtype=torch.float32)"}[args.target_quantization],
-        config=config,
-        measured=measured,
-        training=config.training or {},
-        summary=summary,
-        data=data_description(args),
-        size_mb=round(sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**20, 2),
+    """README.md from model_cards/drafter.md (hf_specdec.hub.render_model_card); the eval ran on this machine."""
+    is_dataset_id = args.data.count("/") == 1 and not Path(args.data).exists()
+    card = render_model_card(
+        folder, config, repo_id=args.hub_model_id or folder.name, target=target_id(args), license=args.license,
+        datasets=[SHAREGPT_HUB_ID] if args.data == "sharegpt" else ([args.data] if is_dataset_id else None),
+        hardware=hardware_description(),
     )
     card.save(str(folder / "README.md"))
 
 
-def files_to_upload(output_dir: Path) -> list[str]:
-    """What --push-to-hub uploads: the drafter, its tokenizer, the card and the training log (never checkpoints)."""
-    return sorted(p.name for p in Path(output_dir).iterdir() if p.is_file() and not p.name.startswith("."))
-
-
 def push_to_hub(output_dir: Path, repo_id: str, private: bool) -> str:
-    """Uploads with the token huggingface_hub already knows (HF_TOKEN or `hf auth login`); never writes one."""
-    api = HfApi()
-    url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(output_dir),
-                      allow_patterns=files_to_upload(output_dir), commit_message="Upload hf_specdec drafter")
-    return str(url)
+    """The output folder (drafter, custom_generate/, tokenizer, card, training log; never checkpoints) in one commit."""
+    return push_folder(output_dir, repo_id, private=private, api=HfApi())
 
 
 # ----------------------------------------------------------------------------------------------------------------------

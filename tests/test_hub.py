@@ -1,0 +1,357 @@
+"""Sharing drafters: AutoDrafter, custom_generate/ without hf_specdec, model cards, push, exports (all offline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.repocard import metadata_load
+from huggingface_hub.utils import validate_repo_id
+from safetensors import safe_open
+from transformers import LlamaForCausalLM, T5Config
+
+import hf_specdec
+from hf_specdec import AutoDrafter, SpecDrafterForCausalLM
+from hf_specdec.cli import main as cli
+from hf_specdec.drafters import DraftModelDrafter, EagleDrafter
+from hf_specdec.hub import bundle_sources, render_model_card
+from hf_specdec.modeling_drafter import drafter_config_from_target
+
+from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_drafter(target, kind: str):
+    """'agreeing': the target's own layers (every draft accepted); 'reduced': random, 48-token draft vocabulary;
+    'eagle': random EAGLE-style; 'plain': a separate tiny Llama."""
+    if kind == "plain":
+        return tiny_llama(layers=1, seed=2)
+    torch.manual_seed(3)
+    config = drafter_config_from_target(target.config, num_hidden_layers=2 if kind == "agreeing" else 1,
+                                        draft_vocab_size=48 if kind == "reduced" else 0,
+                                        target_feature_input=kind == "eagle", target_name_or_path="someone/target")
+    drafter = SpecDrafterForCausalLM(config)
+    if kind == "agreeing":
+        own = {k[len("model."):]: v for k, v in target.state_dict().items()}
+        drafter.model.load_state_dict({k: v for k, v in own.items() if k.startswith(("layers.", "norm."))})
+    if kind == "reduced":
+        drafter.set_draft_vocab(torch.randperm(VOCAB)[:48])
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    target = tiny_llama()
+    target.save_pretrained(root / "target")
+    tiny_char_tokenizer().save_pretrained(root / "target")  # `--target FOLDER` loads a tokenizer too
+    folders = {}
+    for kind in ("agreeing", "reduced", "eagle", "plain"):
+        folders[kind] = root / kind
+        make_drafter(target, kind).save_pretrained(folders[kind])
+    tiny_char_tokenizer().save_pretrained(folders["agreeing"])  # the export copies a drafter folder's tokenizer
+    return {"root": root, "target": target, "target_folder": root / "target", **folders}
+
+
+def greedy_pairs(target, assistant, n=3, max_new_tokens=12, **kwargs):
+    for prompt in random_prompts(n, seed=7):
+        plain = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, assistant=assistant,
+                               custom_generate=hf_specdec.speculative_generate, **kwargs)
+        yield plain, spec
+
+
+# --- AutoDrafter -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["agreeing", "reduced", "eagle", "plain"])
+def test_auto_drafter_loads_each_kind_as_it_was_saved(world, kind):
+    target, original = world["target"], make_drafter(world["target"], kind)
+    drafter = AutoDrafter.from_pretrained(world[kind], target=target)
+    assert type(drafter) is type(original) and not drafter.training
+    saved = original.state_dict()
+    if kind != "plain":  # a SpecDrafter is stored in config.save_dtype (float16) and cast back on load
+        assert drafter.is_bound and drafter.config.target_name_or_path == "someone/target"
+        assert drafter.config.target_feature_input == (kind == "eagle")
+        assert drafter.config.draft_vocab_size == original.config.draft_vocab_size
+        saved = {k: v.half().float() if v.is_floating_point() else v for k, v in saved.items()}
+    assert drafter.state_dict().keys() == saved.keys()
+    assert all(torch.equal(drafter.state_dict()[k], v) for k, v in saved.items())
+    assert isinstance(hf_specdec.as_drafter(drafter), EagleDrafter if kind == "eagle" else DraftModelDrafter)
+    for plain, spec in greedy_pairs(target, drafter, n=2):
+        assert torch.equal(plain, spec)
+
+
+def test_auto_drafter_names_what_it_supports(world, tmp_path):
+    T5Config().save_pretrained(tmp_path / "t5")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+    for folder in (tmp_path / "t5", tmp_path / "odd"):
+        with pytest.raises(ValueError, match="hf_specdec_drafter.*AutoModelForCausalLM"):
+            AutoDrafter.from_pretrained(folder)
+    with pytest.raises(OSError, match="from_pretrained"):
+        AutoDrafter()
+
+
+# --- custom_generate/ ------------------------------------------------------------------------------------------------
+def test_custom_generate_folder_is_the_installed_library(world):
+    from transformers.dynamic_module_utils import get_imports, get_relative_import_files
+    from transformers.utils.import_utils import split_package_version
+
+    folder = world["agreeing"] / "custom_generate"
+    files = {p.name: p.read_text() for p in folder.iterdir()}
+    assert {name: text for name, text in files.items() if name.endswith(".py")} == bundle_sources()
+    assert "def generate(model" in files["generate.py"]
+    assert "from .decoding import speculative_generate" in files["generate.py"]
+    # every module transformers will copy next to generate.py is there, and nothing imports hf_specdec
+    needed = get_relative_import_files(folder / "generate.py")
+    assert {Path(f).name for f in needed} == set(files) - {"generate.py", "requirements.txt"}
+    assert not any("hf_specdec" in get_imports(folder / name) for name in files if name.endswith(".py"))
+    assert "AutoConfig.register" not in files["modeling_drafter.py"]  # never shadows an installed hf_specdec
+    # ... and apart from those import lines and registrations, each file IS the library module
+    package = Path(hf_specdec.__file__).parent
+    code = lambda text: [l for l in text.splitlines() if l.strip() and not re.match(r"\s*from \.", l)]  # noqa: E731
+    for name in (n for n in files if n.endswith(".py")):
+        stem = name.removesuffix(".py")  # generate <- custom_generate, drafters_eagle <- drafters/eagle
+        module = {"generate": "custom_generate", "drafters": "drafters/__init__"}.get(stem, stem.replace("drafters_", "drafters/"))
+        source = (package / f"{module}.py").read_text()
+        assert code(files[name])[1:] == [l for l in code(source) if ".register(" not in l], name  # [1:]: the header
+    requirements = files["requirements.txt"].split()
+    assert {split_package_version(r)[0] for r in requirements} == {"huggingface_hub", "torch", "transformers"}
+    assert not (world["plain"] / "custom_generate").exists()  # plain causal LMs: transformers' own assisted decoding
+
+
+HIDDEN_HF_SPECDEC = """
+import json, sys
+import torch
+
+class Blocked:  # hf_specdec is pip-installed (editable): refuse it, as on a machine without it
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "hf_specdec":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Blocked())
+try:
+    import hf_specdec
+    raise SystemExit("hf_specdec is importable")
+except ModuleNotFoundError:
+    pass
+from transformers import AutoModelForCausalLM
+
+target_folder, drafters, prompts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+target = AutoModelForCausalLM.from_pretrained(target_folder).eval()
+report = {}
+for name, folder in drafters.items():
+    report[name] = {"identical": [], "accepted": 0}
+    for prompt in prompts:
+        x = torch.tensor([prompt])
+        plain = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)
+        out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                              custom_generate=folder, trust_remote_code=True, num_draft_tokens=4,
+                              return_dict_in_generate=True)
+        report[name]["identical"].append(plain[0].tolist() == out.sequences[0].tolist())
+        report[name]["accepted"] += out.speculation_stats.accepted_tokens
+report["hf_specdec_modules"] = [m for m in sys.modules if m.split(".")[0] == "hf_specdec"]
+print(json.dumps(report))
+"""
+
+
+def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
+    """A user with plain transformers: `generate(custom_generate=<drafter folder or Hub id>, trust_remote_code=True)`.
+    The Hub id is served offline from a pre-filled Hub cache (the layout huggingface_hub downloads into)."""
+    snapshot = tmp_path / "hf" / "hub" / "models--someone--tiny-drafter" / "snapshots" / ("a" * 40)
+    shutil.copytree(world["agreeing"], snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    drafters = {**{kind: str(world[kind]) for kind in ("agreeing", "reduced", "eagle")}, "hub": "someone/tiny-drafter"}
+    prompts = [p[0].tolist() for p in random_prompts(3, seed=11)]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run([sys.executable, "-I", "-c", HIDDEN_HF_SPECDEC, str(world["target_folder"]),
+                             json.dumps(drafters), json.dumps(prompts)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report.pop("hf_specdec_modules") == []
+    for name, r in report.items():
+        assert r["identical"] == [True] * len(prompts), name
+    assert report["agreeing"]["accepted"] > 0 and report["hub"]["accepted"] == report["agreeing"]["accepted"]
+    assert any((tmp_path / "hf" / "modules" / "transformers_modules").rglob("generate.py"))  # transformers' copy ran
+
+
+def test_custom_generate_takes_an_explicit_drafter(world):
+    from hf_specdec.custom_generate import generate
+
+    target = world["target"]
+    prompt = random_prompts(1, seed=5)[0]
+    plain = target.generate(prompt, max_new_tokens=10, do_sample=False)
+    out = generate(target, drafter=str(world["agreeing"]), inputs=prompt, max_new_tokens=10, do_sample=False)
+    assert torch.equal(out, plain)
+    with pytest.raises(ValueError, match="drafter="):
+        generate(target, inputs=prompt, max_new_tokens=10)
+    with pytest.raises(ValueError, match="drop `assistant=`"):
+        generate(target, drafter=str(world["agreeing"]), assistant="ngram", inputs=prompt)
+
+
+# --- model cards ---------------------------------------------------------------------------------------------------------
+MEASURED = {"mean_accepted_tokens": 2.3456, "acceptance_rate": 0.61, "acceptance_by_position": [0.8, 0.6, 0.4],
+            "heldout_top1": 0.7, "num_draft_tokens": 3, "eval_prompts": 16, "eval_max_new_tokens": 64,
+            "draft_ms_per_token": 1.5}
+TRAINING = {"data": "ShareGPT", "loss": "fkl", "steps": 100, "batch_size": 16, "learning_rate": 1e-3,
+            "command": "python training/distill.py --target default --max-steps 100"}
+
+
+@pytest.mark.parametrize("kind", ["reduced", "eagle", "plain"])
+def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
+    """`ModelCard.validate()` posts to the Hub (/api/validate-yaml), so the metadata is checked with
+    huggingface_hub's own offline parser (metadata_load, ModelCardData) and repo-id validator."""
+    config = AutoDrafter.from_pretrained(world[kind]).config
+    if kind != "plain":
+        config.target_name_or_path, config.target_quantization = "HuggingFaceTB/SmolLM2-135M-Instruct", "8bit"
+        config.measured, config.training = MEASURED, TRAINING
+    card = render_model_card(world[kind], config, repo_id="someone/tiny-drafter", datasets=["someone/chats"],
+                             hardware="Test CPU, 2 cores", target=None if kind != "plain" else "someone/target")
+    card.save(tmp_path / "README.md")
+
+    metadata = metadata_load(tmp_path / "README.md")
+    assert ModelCardData(**metadata).to_dict() == metadata  # nothing huggingface_hub cannot represent
+    assert ModelCard.load(tmp_path / "README.md").data.library_name == "hf-specdec"
+    assert set(metadata) == {"library_name", "base_model", "license", "datasets", "tags", "pipeline_tag"}
+    assert metadata["license"] == "apache-2.0" and metadata["pipeline_tag"] == "text-generation"
+    for repo_id in [metadata["base_model"], *metadata["datasets"]]:
+        validate_repo_id(repo_id)
+    drafter_kind = "eagle" if kind == "eagle" else "draft-model"
+    assert {"speculative-decoding", drafter_kind, "hf-specdec"} <= set(metadata["tags"])
+    assert ("custom_generate" in metadata["tags"]) == (kind != "plain")
+
+    text = card.text
+    if kind == "plain":
+        assert metadata["base_model"] == "someone/target" and "No acceptance figures" in text
+        return
+    assert metadata["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    row = "| HuggingFaceTB/SmolLM2-135M-Instruct | 8bit | Test CPU, 2 cores | 3 | 2.346 | 0.80, 0.60, 0.40 |"
+    assert row in text and TRAINING["command"] in text
+    assert 'AutoDrafter.from_pretrained("someone/tiny-drafter", target=target)' in text
+    assert 'custom_generate="someone/tiny-drafter", trust_remote_code=True' in text
+    assert f"--format {'vllm-eagle' if kind == 'eagle' else 'vllm-draft'}" in text
+
+
+# --- push ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["agreeing", "eagle", "plain"])
+def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_path, kind):
+    folder = tmp_path / kind
+    AutoDrafter.from_pretrained(world[kind]).save_pretrained(folder)
+    (folder / ".cache").mkdir()
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "model.safetensors").write_text("never uploaded")
+    with mock.patch.dict(os.environ, {"HF_TOKEN": "hf_not_a_real_token"}), mock.patch("hf_specdec.hub.HfApi") as api:
+        assert cli(["push", str(folder), "--repo-id", "someone/tiny-drafter", "--private"]) == 0
+    api = api.return_value
+    api.create_repo.assert_called_once_with(repo_id="someone/tiny-drafter", repo_type="model", private=True, exist_ok=True)
+    (call,) = api.upload_folder.call_args_list
+    bundle = [] if kind == "plain" else sorted(f"custom_generate/{name}" for name in [*bundle_sources(), "requirements.txt"])
+    expected = sorted(["README.md", "config.json", "generation_config.json", "model.safetensors", *bundle])
+    assert call.kwargs == {"repo_id": "someone/tiny-drafter", "repo_type": "model", "folder_path": str(folder),
+                           "allow_patterns": expected, "commit_message": "Upload hf_specdec drafter"}
+    assert not any("hf_not_a_real_token" in p.read_text(errors="ignore") for p in folder.rglob("*") if p.is_file())
+
+
+def test_transformers_push_to_hub_carries_custom_generate(world):
+    """`drafter.push_to_hub()` (transformers' own) saves through our save_pretrained, so the Hub repo gets the bundle."""
+    drafter = AutoDrafter.from_pretrained(world["eagle"])
+    with mock.patch("transformers.utils.hub.hf_api") as api, \
+         mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("---\n---\n")):
+        api.return_value.create_repo.return_value.repo_id = "someone/tiny-drafter"
+        drafter.push_to_hub("someone/tiny-drafter")
+    paths = {op.path_in_repo for op in api.return_value.create_commit.call_args.kwargs["operations"]}
+    assert {"config.json", "model.safetensors", "custom_generate/generate.py", "custom_generate/requirements.txt"} <= paths
+
+
+# --- exports for serving engines ---------------------------------------------------------------------------------------
+def tensor_shapes(path: Path) -> dict[str, tuple]:
+    with safe_open(str(path), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def llama_layer_shapes(prefix: str, layers, hidden=48, inter=96, kv=24) -> dict[str, tuple]:
+    shapes = {}
+    for i in layers:
+        p = f"{prefix}layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                       p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter), p + "input_layernorm.weight": (hidden,),
+                       p + "post_attention_layernorm.weight": (hidden,)})
+    return shapes
+
+
+@pytest.mark.parametrize("kind", ["agreeing", "reduced"])
+def test_export_vllm_draft_is_a_standalone_llama(world, tmp_path, kind):
+    out = tmp_path / "vllm-draft"
+    assert cli(["export", str(world[kind]), "--format", "vllm-draft", "--target", str(world["target_folder"]),
+                "--out", str(out)]) == 0
+    # What vLLM's draft-model path loads (vllm/model_executor/models/llama.py, LlamaForCausalLM.load_weights, read at
+    # vllm-project/vllm 0035bdf): a transformers LlamaForCausalLM checkpoint, `architectures: [LlamaForCausalLM]`,
+    # model.embed_tokens / model.layers.N.* / model.norm / lm_head, the target's full vocabulary.
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (VOCAB, 48, 2 if kind == "agreeing" else 1)
+    assert config["rope_theta"] == 10000.0 and config["tie_word_embeddings"] is False
+    layers = range(config["num_hidden_layers"])
+    expected = {"model.embed_tokens.weight": (VOCAB, 48), "lm_head.weight": (VOCAB, 48), "model.norm.weight": (48,),
+                **llama_layer_shapes("model.", layers)}
+    assert tensor_shapes(out / "model.safetensors") == expected
+    assert (kind == "agreeing") == (out / "tokenizer.json").exists()
+
+    # Same drafter: the export's logits equal the SpecDrafter's wherever the SpecDrafter may propose.
+    drafter = AutoDrafter.from_pretrained(world[kind], target=world["target"])
+    export = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    x = random_prompts(1, seed=3)[0]
+    with torch.no_grad():
+        ours, theirs = drafter(x).logits, export(x).logits
+    allowed = torch.isfinite(ours)  # the export stores the target's embeddings / head in float16, too
+    torch.testing.assert_close(theirs[allowed], ours[allowed], rtol=1e-2, atol=1e-2 * float(ours[allowed].abs().max()))
+    for plain, spec in greedy_pairs(world["target"], export, n=2):
+        assert torch.equal(plain, spec)
+
+
+def test_export_vllm_eagle_matches_vllms_eagle_loader(world, tmp_path):
+    out = tmp_path / "vllm-eagle"
+    with pytest.warns(UserWarning, match="layers.0.input_layernorm.weight.*norm.weight"):
+        assert cli(["export", str(world["eagle"]), "--format", "vllm-eagle", "--target", str(world["target_folder"]),
+                    "--out", str(out)]) == 0
+    # vLLM's EAGLE-1 Llama drafter (vllm/model_executor/models/llama_eagle.py, EagleLlamaForCausalLM, vllm-project/vllm
+    # at e1c4a55; configs/eagle.py renames LlamaForCausalLM -> EagleLlamaForCausalLM): its load_weights prefixes
+    # "model." itself, so tensors are named fc.weight [hidden, 2*hidden] (no bias) and layers.{i}.*; layer 0 has no
+    # input_layernorm, there is no final norm and no lm_head (shared with the target); embed_tokens is read only
+    # under pipeline parallelism. An unexpected name is a KeyError there, so the set must match exactly.
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["EagleLlamaForCausalLM"] and config["model_type"] == "llama"
+    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (VOCAB, 48, 1)
+    assert {"num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps", "rope_theta"} <= set(config)
+    expected = {"fc.weight": (48, 96), "embed_tokens.weight": (VOCAB, 48), **llama_layer_shapes("", [0])}
+    del expected["layers.0.input_layernorm.weight"]
+    assert tensor_shapes(out / "model.safetensors") == expected
+    drafter = AutoDrafter.from_pretrained(world["eagle"])
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("fc.weight").float(), drafter.model.fuse.weight)
+
+
+def test_export_refuses_the_wrong_format(world, tmp_path):
+    from hf_specdec.export import export_drafter
+
+    target = world["target"]
+    with pytest.raises(ValueError, match="--format vllm-draft"):
+        export_drafter(world["agreeing"], target, tmp_path / "x", "vllm-eagle")
+    with pytest.raises(ValueError, match="--format vllm-eagle"):
+        export_drafter(world["eagle"], target, tmp_path / "x", "vllm-draft")
+    with pytest.raises(ValueError, match="already a standalone LlamaForCausalLM"):
+        export_drafter(world["plain"], target, tmp_path / "x", "vllm-draft")
