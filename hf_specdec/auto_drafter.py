@@ -17,9 +17,10 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .modeling_drafter import MODEL_TYPE, SpecDrafterForCausalLM
+from .modeling_medusa import MEDUSA_MODEL_TYPE, MedusaHeads
 
-#: config.model_type -> the class that loads it. A new drafter kind (e.g. Medusa heads) adds its entry here.
-DRAFTER_CLASSES = {MODEL_TYPE: SpecDrafterForCausalLM}
+#: config.model_type -> the class that loads it. A new drafter kind adds its entry here.
+DRAFTER_CLASSES = {MODEL_TYPE: SpecDrafterForCausalLM, MEDUSA_MODEL_TYPE: MedusaHeads}
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
@@ -45,7 +46,7 @@ class AutoDrafter:
         else:
             raise ValueError(
                 f"{path_or_id!r} holds a model of type {model_type!r}, which is not a drafter: AutoDrafter loads "
-                f"hf_specdec drafters (model_type {sorted(DRAFTER_CLASSES)}: token-only or EAGLE-style) and causal "
+                f"hf_specdec drafters (model_type {sorted(DRAFTER_CLASSES)}: token-only or EAGLE-style drafters, Medusa heads) and causal "
                 "language models transformers knows (AutoModelForCausalLM, e.g. 'llama', 'qwen2', 'gpt2')."
             )
         model.eval()

@@ -67,22 +67,35 @@ def early_layers_draft_model(target, num_layers: int):
 
 def resolve_assistant(spec: str | None, target, target_name: str | None = None):
     """A drafter name (`ngram`, `self`), `layers:N` (a draft model cut from the target's first N layers, untrained),
-    a shipped drafter name (`distilled`, ...), or a folder / Hub id of a draft model."""
+    a shipped drafter name (`distilled`, `medusa`, `medusa:chain`), a folder / Hub id of any drafter kind, or two of
+    these joined by `+` (`ngram+distilled`: the first one's proposal when it has one, else the second's)."""
     if spec in (None, "", "best"):
         spec = best_assistant_name(target_name)
+    if "+" in spec:  # "ngram+distilled": the first drafter's proposal when it has one, else the second's
+        from .drafters import FallbackDrafter, as_drafter
+
+        first, second = (as_drafter(resolve_assistant(s, target, target_name)) for s in spec.split("+", 1))
+        return FallbackDrafter(first, second)
     from .drafters import NAMED_DRAFTERS
 
     if spec in NAMED_DRAFTERS:  # "ngram", "self", ...
         return NAMED_DRAFTERS[spec]()
     if spec.startswith("layers:"):
         return early_layers_draft_model(target, int(spec.split(":", 1)[1]))
+    name, _, variant = spec.partition(":")  # "medusa:chain" = the Medusa heads drafting a chain instead of a tree
+    from .auto_drafter import AutoDrafter
     from .shipped import load_shipped_drafter, shipped_drafter_names
 
-    if spec in shipped_drafter_names():
-        return load_shipped_drafter(spec, target)
-    from transformers import AutoModelForCausalLM
+    drafter = load_shipped_drafter(name, target) if name in shipped_drafter_names() else \
+        AutoDrafter.from_pretrained(name if variant else spec, target=target)
+    if variant:
+        from .drafters import MedusaDrafter
+        from .modeling_medusa import MedusaHeads
 
-    return AutoModelForCausalLM.from_pretrained(spec).to(target.device).eval()
+        if not isinstance(drafter, MedusaHeads) or variant not in ("chain", "tree"):
+            raise ValueError(f"{spec!r}: only Medusa heads take a ':chain' or ':tree' suffix.")
+        return MedusaDrafter(drafter, tree="chain" if variant == "chain" else "default")
+    return drafter
 
 
 def best_assistant_name(target_name: str | None = None) -> str:

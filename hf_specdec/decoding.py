@@ -18,7 +18,7 @@ from .draft_length import as_draft_length_policy
 from .ragged_cache import RaggedKV
 from .drafters import Draft, Drafter, as_drafter
 from .drafters.per_row import PerRowDrafter
-from .verification import greedy_accept, one_hot_probs, rejection_sample
+from .verification import greedy_accept, greedy_accept_tree, one_hot_probs, rejection_sample, rejection_sample_tree
 
 _MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
 
@@ -140,6 +140,8 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     # 1. Draft up to `max_draft` tokens per row (a drafter may propose fewer, or none).
     t0 = time.perf_counter()
     draft: Draft = drafter_propose(drafter, batch, max_draft)
+    if draft.parents is not None and draft.num_tokens:
+        return tree_step(batch, drafter, draft, target, logits_processor, do_sample, stats, t0)
     k = draft.num_tokens
     num_valid = draft.num_valid if draft.num_valid is not None else torch.full_like(batch.lengths, k)
     t1 = time.perf_counter()
@@ -150,7 +152,7 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     new_ids = torch.cat([pending, draft.tokens], dim=1)
     new_valid = torch.cat([pending_valid, valid], dim=1)
     raw_logits = target.forward(new_ids, new_valid, k + 1)
-    if drafter.uses_target_hidden:
+    if drafter.uses_target_hidden:  # feature drafters (EAGLE, Medusa) read what this forward computed
         drafter.observe_target(target.last_hidden, new_valid)
     scores = raw_logits.clone()
     if logits_processor:
@@ -176,6 +178,61 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     for b in range(batch.size):
         stats.record(num_drafted=int(num_valid[b]), num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
     return emitted, num_accepted + 1, raw_logits, scores, k
+
+
+def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, do_sample, stats, t0):
+    """`speculative_step` for a tree of candidates: ONE forward with a tree attention mask, then per row the longest
+    accepted root-to-node path (greedy), or recursive rejection over siblings (sampling); the cache keeps that path.
+    Returns the same as `speculative_step`, with scores / logits in the order of the emitted tokens."""
+    parents, tokens = draft.parents, draft.tokens
+    size = parents.shape[0]
+    t1 = time.perf_counter()
+    pending, pending_valid = batch.uncached_block()
+    raw = target.forward_tree(pending, pending_valid, tokens, parents)  # [B, T + 1, V]: row 0 = after the root
+    scores = raw.clone()
+    ancestors = [[] for _ in range(size)]  # node i's path from the root, i included
+    for i, parent in enumerate(parents.tolist()):
+        ancestors[i] = (ancestors[parent] if parent >= 0 else []) + [i]
+    if logits_processor:
+        for b in range(batch.size):
+            for r in range(size + 1):  # row r follows the root (r = 0) or node r - 1: its prefix is that path
+                path = tokens[b, ancestors[r - 1]] if r else tokens[b, :0]
+                prefix = torch.cat([batch.row(b), path])[None]
+                scores[b : b + 1, r] = logits_processor(prefix, raw[b : b + 1, r].clone())
+    stats.draft_seconds += t1 - t0
+    stats.target_seconds += time.perf_counter() - t1
+
+    paths, next_tokens = [], []
+    for b in range(batch.size):
+        rule = rejection_sample_tree if do_sample else greedy_accept_tree
+        row_scores = scores[b].softmax(dim=-1) if do_sample else scores[b]
+        path, next_token = rule(tokens[b], parents, row_scores)
+        paths.append(path)
+        next_tokens.append(next_token)
+    keep = torch.zeros(batch.size, size, dtype=torch.bool, device=tokens.device)
+    for b, path in enumerate(paths):
+        keep[b, path] = True
+    if drafter.uses_target_hidden:  # the hidden states of the row's pending tokens, then of its path, in order
+        u = pending.shape[1]
+        rows = [torch.cat([target.last_hidden[b, :u][pending_valid[b]], target.last_hidden[b, u:][path]]) for b, path in enumerate(paths)]
+        width = max(len(r) for r in rows)
+        hidden = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, width - len(r))) for r in rows])
+        valid = torch.arange(width, device=hidden.device)[None] < torch.tensor([len(r) for r in rows], device=hidden.device)[:, None]
+        drafter.observe_target(hidden, valid)
+    target.keep_tree(size, keep)
+
+    depth = max(len(a) for a in ancestors)
+    num_accepted = torch.tensor([len(p) for p in paths], device=tokens.device)
+    emitted = tokens.new_zeros(batch.size, depth + 1)
+    order = torch.zeros(batch.size, depth + 1, dtype=torch.long, device=tokens.device)  # score row of each emitted token
+    for b, path in enumerate(paths):
+        emitted[b, : len(path)] = tokens[b, path]
+        emitted[b, len(path)] = next_tokens[b]
+        order[b, 1 : len(path) + 1] = torch.tensor(path, dtype=torch.long) + 1
+    gather = order[..., None].expand(-1, -1, raw.shape[-1])
+    for b in range(batch.size):
+        stats.record(num_drafted=depth, num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
+    return emitted, num_accepted + 1, raw.gather(1, gather), scores.gather(1, gather), depth
 
 
 def drafter_propose(drafter: Drafter, batch: "RowBatch", max_draft: int) -> Draft:

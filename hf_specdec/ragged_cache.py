@@ -76,6 +76,62 @@ class RaggedKV:
         self.last_hidden = captured[-1] if captured else None  # [B, m, H]
         return out.logits[:, -num_logits:].float()
 
+    def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tree_tokens: torch.Tensor,
+                     parents: torch.Tensor) -> torch.Tensor:
+        """Feed each row's uncached tokens `pending` [B, u] and a candidate tree (`tree_tokens` [B, T], one shared
+        shape `parents` [T]) in ONE forward: node i sits at the position after its depth and attends to the prefix and
+        its own ancestors only (a 4-D additive mask through the model's normal forward). Returns float32 logits
+        [B, T + 1, V]: row 0 after the last pending token, row i + 1 after node i."""
+        from .verification import tree_ancestor_mask, tree_depths
+
+        batch, u = pending.shape
+        size = parents.shape[0]
+        device = pending.device
+        real_before = self.slot_mask.sum(dim=1, keepdim=True)
+        pending_pos = (real_before + pending_valid.long().cumsum(dim=1) - 1).masked_fill(~pending_valid, 1)
+        last = real_before + pending_valid.long().sum(dim=1, keepdim=True) - 1  # the root: the last pending token
+        node_pos = last + tree_depths(parents).to(device)[None]
+        past = self.slot_mask.bool()
+        self.slot_mask = torch.cat([self.slot_mask, pending_valid.long(), torch.ones(batch, size, dtype=torch.long, device=device)], dim=1)
+        self.has_holes = True
+        # allowed[b, query, key]: old slots if real; pending causally; nodes see all pending and their ancestors
+        causal = torch.ones(u, u, dtype=torch.bool, device=device).tril()
+        allowed = torch.zeros(batch, u + size, self.slots, dtype=torch.bool, device=device)
+        allowed[:, :, : past.shape[1]] = past[:, None, :]
+        allowed[:, :u, past.shape[1] : past.shape[1] + u] = causal[None] & pending_valid[:, None, :]
+        allowed[:, u:, past.shape[1] : past.shape[1] + u] = pending_valid[:, None, :]
+        allowed[:, u:, past.shape[1] + u :] = tree_ancestor_mask(parents).to(device)[None]
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+        for b in range(batch):  # a padded pending slot sees itself, so no attention row is empty
+            for j in torch.nonzero(~pending_valid[b]).flatten().tolist():
+                mask[b, j, past.shape[1] + j] = 0
+        ids = torch.cat([pending, tree_tokens], dim=1)
+        positions = torch.cat([pending_pos, node_pos], dim=1)
+        kwargs = {"attention_mask": mask[:, None], "logits_to_keep": size + 1} if self.keep_logits else {"attention_mask": mask[:, None]}
+        captured, hook = [], None
+        if self.hidden_source is not None:
+            hook = self.hidden_source.register_forward_hook(lambda module, args, output: captured.append(output))
+        try:
+            with small_m_linear(self.fast):
+                out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        self.last_output = out
+        self.last_hidden = captured[-1] if captured else None
+        return out.logits[:, -(size + 1) :].float()
+
+    def keep_tree(self, size: int, keep: torch.Tensor) -> None:
+        """Of the last `size` slots (a tree's nodes), row b keeps those with `keep[b]` (its accepted path)."""
+        self.slot_mask[:, -size:] *= keep.long()
+        used = torch.nonzero(self.slot_mask[:, -size:].any(dim=0)).flatten()
+        droppable = size - (int(used[-1]) + 1 if used.numel() else 0)  # trailing node slots no row keeps
+        if droppable:
+            self.cache.crop(-droppable)
+            self.slot_mask = self.slot_mask[:, :-droppable]
+        self.has_holes = not bool(self.slot_mask.all())
+
     def keep(self, num_new: int, num_kept: torch.Tensor) -> None:
         """Of the last `num_new` slots, row b keeps its first `num_kept[b]`; the rest become holes (or are cropped)."""
         if num_new == 0:

@@ -139,3 +139,38 @@ def test_cross_tokenizer_drafter_in_batches_row_by_row(one_thread):
     prompts = [torch.tensor([target_tok(s, add_special_tokens=False)["input_ids"]]) for s in sentences(6, seed=5)]
     stats = _ragged_batch_check(target, drafter, len(target_tok), prompts, k_values=(3,))
     assert stats.drafted_tokens > 0
+
+
+def test_fallback_drafter_batches_and_picks_per_row(one_thread):
+    """n-gram where it matches, a draft model elsewhere: exact in ragged batches with EOS, and both drafters served."""
+    from hf_specdec.drafters import FallbackDrafter, NgramDrafter, as_drafter
+
+    target = tiny_llama(vocab=8, seed=0)
+    combined = FallbackDrafter(NgramDrafter(), as_drafter(perturbed_copy(target, scale=0.2)))
+    prompts = random_prompts(6, vocab=8, seed=3, min_len=2, max_len=14)
+    stats = _ragged_batch_check(target, combined, 8, prompts)
+    assert stats.accepted_tokens > 0
+    single = _ragged_batch_check(target, FallbackDrafter(NgramDrafter(), as_drafter(perturbed_copy(target, scale=0.2))),
+                                 8, prompts[:3], k_values=(3,))
+    assert single.drafted_tokens > 0
+
+
+def test_fallback_drafter_sampling_mixes_one_hot_and_model_q():
+    from hf_specdec.drafters import FallbackDrafter, NgramDrafter, as_drafter
+
+    vocab, num_tokens = 12, 2
+    target = tiny_llama(vocab=vocab, seed=0)
+    combined = FallbackDrafter(NgramDrafter(), as_drafter(tiny_llama(vocab=vocab, seed=7)))
+    prompts = [torch.tensor([[1, 5, 1, 5, 1]]), torch.tensor([[3, 9]])]  # row 0 repeats itself, row 1 does not
+    ids, mask = left_pad(prompts)
+    kwargs = dict(do_sample=True, max_new_tokens=num_tokens, temperature=0.8, top_k=6, pad_token_id=PAD)
+    torch.manual_seed(0)
+    samples = [[], []]
+    for _ in range(3000):
+        out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=combined,
+                              num_draft_tokens=2, **kwargs)
+        for b in range(2):
+            samples[b].append(tuple(out[b, ids.shape[1] :].tolist()))
+    for b, prompt in enumerate(prompts):
+        exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), num_tokens)
+        assert chi_square_pvalue(samples[b], exact) > 1e-3, f"row {b}"

@@ -357,3 +357,31 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
     assert not seen[0][:, 0].any()
     own = original(input_ids=ids, target_features=seen[0], use_cache=False).hidden_states[0]
     torch.testing.assert_close(seen[1][:, 1:], own[:, :-1])
+
+
+# --- Medusa heads ---------------------------------------------------------------------------------------------------------
+def test_medusa_pairs_align_heads_with_future_teacher_rows():
+    positions = torch.tensor([[False, True, True, True, True, False], [False, False, True, True, False, False]])
+    source, teacher = distill.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
+    assert source.nonzero().tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1]]
+    # teacher rows (row-major over `positions`): row 0 -> 0..3 at j = 1..4, row 1 -> 4, 5 at j = 2, 3
+    assert teacher.tolist() == [1, 2, 3, 4, 5]
+
+
+def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
+    out = tmp_path / "medusa"
+    summary = run_in_process(cli(world, out, drafter="medusa", medusa_heads=2, max_steps=8, eval_every=8, save_every=0,
+                                 learning_rate=3e-3))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert summary["best"]["mean_accepted_tokens"] >= 1.0
+    heads = hf_specdec.AutoDrafter.from_pretrained(out)
+    assert isinstance(heads, hf_specdec.MedusaHeads) and heads.config.num_heads == 2
+    assert (out / "README.md").exists()
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    for seed in range(3):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
+                               assistant=heads, num_draft_tokens=2)
+        assert torch.equal(plain, spec)

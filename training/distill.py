@@ -48,7 +48,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, HfAr
 import hf_specdec
 from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir, default_target_folder, load_default_target
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
+from hf_specdec.auto_drafter import AutoDrafter
 from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.modeling_medusa import MedusaConfig, MedusaHeads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGET_HUB_ID = f"HuggingFaceTB/{DEFAULT_TARGET_NAME}"
@@ -66,7 +68,11 @@ class Args:
     target: str = field(default="default", metadata={"help": "'default' (embedded SmolLM2-135M-Instruct), a Hub id or a folder"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
-    drafter: str = field(default="new", metadata={"help": "'new' (token-only drafter), 'eagle' (a drafter that also reads the target's final hidden states, EAGLE-style), or a folder with an existing drafter / causal LM"})
+    drafter: str = field(default="new", metadata={"help": "'new' (token-only drafter), 'eagle' (a drafter that also reads the target's final hidden states, EAGLE-style), 'medusa' (heads on the target's hidden state), or a folder with an existing drafter / causal LM"})
+    medusa_heads: int = field(default=4, metadata={"help": "medusa: number of heads (head i predicts the token i + 2 ahead)"})
+    medusa_layers: int = field(default=1, metadata={"help": "medusa: residual blocks per head"})
+    medusa_decay: float = field(default=0.8, metadata={"help": "medusa: loss weight of head i is decay**i"})
+    medusa_positions: int = field(default=512, metadata={"help": "medusa: positions per head per step (each needs full-vocabulary logits)"})
     drafter_layers: int = 2
     drafter_intermediate_size: int = field(default=0, metadata={"help": "0: the target's"})
     draft_vocab_size: int = field(default=8192, metadata={"help": "reduced output vocabulary (most frequent target tokens); 0: full"})
@@ -174,7 +180,17 @@ def eos_ids(target, tokenizer) -> list[int]:
 
 
 def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: list[int]):
-    """A new SpecDrafter (initialised from the target where shapes allow) or an existing drafter / causal LM."""
+    """A new SpecDrafter (initialised from the target where shapes allow), new Medusa heads, or an existing drafter."""
+    if args.drafter == "medusa":
+        vocab = target.config.get_text_config().vocab_size
+        config = MedusaConfig.from_target(target.config, num_heads=args.medusa_heads, num_layers=args.medusa_layers,
+                                          target_name_or_path=target_id(args), target_quantization=args.target_quantization,
+                                          num_draft_tokens_eval=args.medusa_heads,
+                                          draft_vocab_size=args.draft_vocab_size if args.draft_vocab_size < vocab else 0)
+        heads = MedusaHeads(config)
+        if config.draft_vocab_size:
+            heads.set_draft_vocab(choose_draft_vocab(token_counts, config.draft_vocab_size, eos))
+        return heads.to(target.device).bind_target(target)
     if args.drafter not in ("new", "eagle"):
         drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=torch.float32)
         if isinstance(drafter, SpecDrafterForCausalLM):
@@ -200,7 +216,7 @@ def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: li
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
-        if args.drafter in ("new", "eagle"):
+        if args.drafter in ("new", "eagle", "medusa"):
             raise ValueError("--lora adapts an existing drafter: pass --drafter PATH.")
         modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         drafter = get_peft_model(drafter, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=modules))
@@ -686,7 +702,7 @@ def collate(records: list[dict], pad: int) -> dict:
         positions[row, r["start"] - 1 : len(r["tokens"]) - 1] = True
     batch = {"input_ids": ids, "positions": positions, "tgt_ids": torch.cat([r["ids"] for r in records]).long(),
              "tgt_lps": torch.cat([r["lps"] for r in records]).float()}
-    if "features" in records[0]:  # eagle: the target's hidden state at every position, right-padded with zeros
+    if "features" in records[0]:  # eagle / medusa: the target's hidden state at every position, right-padded with zeros
         feats = torch.zeros(len(records), width, records[0]["features"].shape[-1])
         for row, r in enumerate(records):
             feats[row, : len(r["tokens"])] = r["features"].float()
@@ -695,8 +711,12 @@ def collate(records: list[dict], pad: int) -> dict:
 
 
 def drafter_logits(model, batch: dict) -> torch.Tensor:
-    """[N, V'] drafter logits at the target positions; V' = the draft vocabulary for a SpecDrafter."""
+    """[N, V'] drafter logits at the target positions; V' = the draft vocabulary for a SpecDrafter (Medusa: head 0,
+    which at position j predicts what the target predicts at j + 1, so its rows are the positions' successors')."""
     inner = unwrap_drafter(model)
+    if isinstance(inner, MedusaHeads):
+        source, _ = medusa_pairs(batch["positions"], 0)
+        return model(batch["features"][source], heads=[0], full_vocab=False)[:, 0]
     if "features" in batch:
         return eagle_passes(model, batch, unroll_steps=0)[0][0]
     if isinstance(inner, SpecDrafterForCausalLM):
@@ -723,8 +743,41 @@ def eagle_passes(model, batch: dict, unroll_steps: int) -> tuple[list[torch.Tens
     return all_logits, feature_loss / (1 + unroll_steps)
 
 
+def medusa_pairs(positions: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For head i: a [B, L] mask of the source positions j whose hidden state it reads, and the indices (into the
+    flattened teacher rows, i.e. True entries of `positions` in row-major order) of the teacher at j + 1 + i."""
+    shift = head + 1
+    source = torch.zeros_like(positions)
+    source[:, :-shift] = positions[:, shift:]
+    rank = positions.flatten().cumsum(0).view_as(positions) - 1  # teacher row of each target position
+    teacher = rank[:, shift:][positions[:, shift:]]
+    return source, teacher
+
+
+def medusa_loss(model, batch: dict, cols, args: Args, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Medusa-1: head i at position j distils the target's distribution at j + 1 + i; weights decay**i."""
+    losses, weights, head0 = [], [], None
+    for i in range(unwrap_drafter(model).config.num_heads):
+        source, teacher = medusa_pairs(batch["positions"], i)
+        if len(teacher) == 0:
+            continue
+        keep = torch.randperm(len(teacher), generator=generator)[: args.medusa_positions].sort().values
+        logits = model(batch["features"][source][keep], heads=[i], full_vocab=False)[:, 0]
+        ids, lps = batch["tgt_ids"][teacher][keep], batch["tgt_lps"][teacher][keep]
+        loss = distill_loss(logits, ids, lps, cols, args.loss)  # (`ce`: on the target's own token)
+        losses.append(loss * args.medusa_decay**i)
+        weights.append(args.medusa_decay**i)
+        if i == 0:
+            head0 = (logits, ids)
+    return sum(losses) / sum(weights), head0
+
+
 def training_loss(model, batch: dict, cols, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, logits of the teacher-forced pass) for one batch."""
+    if isinstance(unwrap_drafter(model), MedusaHeads):
+        loss, (logits, ids) = medusa_loss(model, batch, cols, args, torch.Generator().manual_seed(int(batch["input_ids"].sum())))
+        batch["tgt_ids_head0"] = ids
+        return loss, logits
     if "features" not in batch:
         logits = drafter_logits(model, batch)
         return token_loss(logits, batch, cols, args.loss), logits
@@ -861,7 +914,8 @@ def evaluate(accelerator, model, target, tokenizer, heldout: TeacherData, args: 
     for b in range(0, len(mine), args.batch_size):
         batch = collate([heldout.record(i) for i in mine[b : b + args.batch_size]], tokenizer.pad_token_id)
         batch = {key: v.to(accelerator.device) for key, v in batch.items()}
-        h, n = top1_hits(drafter_logits(inner, batch), batch["tgt_ids"], inner)
+        teacher = batch["tgt_ids"][medusa_pairs(batch["positions"], 0)[1]] if isinstance(inner, MedusaHeads) else batch["tgt_ids"]
+        h, n = top1_hits(drafter_logits(inner, batch), teacher, inner)
         hits, total = hits + h, total + n
     stats = hf_specdec.SpeculationStats()
     config = greedy_generation_config(target, args.eval_max_new_tokens, tokenizer.pad_token_id)
@@ -1035,7 +1089,7 @@ def main(argv=None) -> dict:
         extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
         for part, folder in zip(extra, [f for f in args.extra_data.split(",") if f]):
             part.meta = {**json.loads((Path(folder) / "meta.json").read_text()), "cache_folder": folder}
-    if args.drafter == "eagle":  # the target's hidden states, cached beside each teacher-data folder
+    if args.drafter in ("eagle", "medusa"):  # the target's hidden states, cached beside each teacher-data folder
         with accelerator.main_process_first():
             for part in [train, heldout] + (extra if args.extra_data else []):
                 name = "heldout" if part is heldout else "train"
@@ -1048,8 +1102,8 @@ def main(argv=None) -> dict:
     if args.prepare_only:
         accelerator.wait_for_everyone()
         return {"data": train.meta}
-    if args.drafter == "eagle" and args.on_policy_ratio > 0:
-        raise ValueError("--on-policy-ratio is not supported with --drafter eagle (its data needs the target's hidden states).")
+    if args.drafter in ("eagle", "medusa") and args.on_policy_ratio > 0:
+        raise ValueError(f"--on-policy-ratio is not supported with --drafter {args.drafter} (its data needs the target's hidden states).")
     if len(train) < args.batch_size * world:
         raise ValueError(f"Only {len(train)} training sequences for a global batch of {args.batch_size * world}.")
 
@@ -1130,7 +1184,7 @@ def main(argv=None) -> dict:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        hits, n = top1_hits(logits.detach(), batch["tgt_ids"], model)
+        hits, n = top1_hits(logits.detach(), batch.get("tgt_ids_head0", batch["tgt_ids"]), model)
         stats = accelerator.reduce(torch.tensor([loss.item(), hits, n], dtype=torch.float64, device=accelerator.device), "sum").cpu()
         state.step += 1
         steps_run += 1
@@ -1158,7 +1212,7 @@ def main(argv=None) -> dict:
     summary = {"final_step": state.step, "final_loss": state.last_loss, "best_step": state.best_step, "best": state.best,
                "resumed_from": resumed_from, "data": {k: train.meta.get(k) for k in ("throughput", "train_records", "train_target_tokens", "cache_folder")}}
     if is_main:
-        final = AutoModelForCausalLM.from_pretrained(output_dir / "checkpoints" / "best", dtype=torch.float32)
+        final = AutoDrafter.from_pretrained(output_dir / "checkpoints" / "best", dtype=torch.float32)
         final.config.training = training_info(state.step)
         final.config.training["best_step"] = state.best_step
         for name in ("model.safetensors", "config.json", "generation_config.json"):

@@ -7,6 +7,8 @@ from .base import CandidateGeneratorDrafter, Draft, Drafter
 from .draft_model import DraftModelDrafter
 from .cross_tokenizer import CrossTokenizerDrafter
 from .eagle import EagleDrafter
+from .medusa import MedusaDrafter
+from .fallback import FallbackDrafter
 from .ngram import NgramDrafter
 from .self_speculative import SelfSpeculativeDrafter
 
@@ -17,6 +19,8 @@ __all__ = [
     "NgramDrafter",
     "SelfSpeculativeDrafter",
     "EagleDrafter",
+    "MedusaDrafter",
+    "FallbackDrafter",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
     "as_drafter",
@@ -38,6 +42,8 @@ def as_drafter(assistant) -> Drafter:
         return assistant
     if isinstance(assistant, str) and assistant in NAMED_DRAFTERS:
         return NAMED_DRAFTERS[assistant]()
+    if isinstance(assistant, PreTrainedModel) and getattr(assistant.config, "model_type", None) == "hf_specdec_medusa":
+        return MedusaDrafter(assistant)  # heads on the target's hidden state
     if isinstance(assistant, PreTrainedModel):
         if assistant.config.is_encoder_decoder or not hasattr(assistant, "get_output_embeddings"):
             raise TypeError(f"assistant={type(assistant).__name__} is not a causal LM; expected {ACCEPTED_ASSISTANTS}.")

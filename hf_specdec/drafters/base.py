@@ -29,6 +29,8 @@ class Draft:
     tokens: torch.Tensor  # [B, k] proposed token ids (k may be 0)
     probs: torch.Tensor | None = None  # [B, k, V] the distribution each token was sampled from; None = one-hot
     num_valid: torch.Tensor | None = None  # [B] rows that proposed fewer than k tokens pad the rest; None = all k
+    parents: torch.Tensor | None = None  # [k] a TREE of candidates (Medusa): node i's parent (-1: the last token),
+    #   parents first; one shape for every row, `tokens` [B, k] per row. Tree candidates are deterministic (probs None).
 
     @property
     def num_tokens(self) -> int:

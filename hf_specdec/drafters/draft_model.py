@@ -62,9 +62,14 @@ class DraftModelDrafter(Drafter):
             stale.append(len(fed) - common)
             self.fed[b] = fed[:common]
         self.kv.discard_last(torch.tensor(stale))
-        if self.kv.slots == 0:  # first call: the (equal-length, left-padded) prompts with their own padding
+        if self.kv.slots == 0:  # first call: the left-padded prompts with their own padding, and what followed them
             self.fed = [row.clone() for row in rows]
-            return torch.stack(rows), self.prompt_mask
+            width = max(len(row) for row in rows)
+            prompt = self.prompt_mask.shape[1]
+            block = torch.stack([torch.nn.functional.pad(row, (0, width - len(row))) for row in rows])
+            valid = torch.arange(width, device=block.device)[None] < torch.tensor([len(r) for r in rows], device=block.device)[:, None]
+            valid[:, :prompt] &= self.prompt_mask
+            return block, valid
         todo = [row[len(fed) :] for row, fed in zip(rows, self.fed)]
         self.fed = [row.clone() for row in rows]
         width = max(len(t) for t in todo)

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from ..ragged_cache import RaggedKV, final_norm
 from .base import Draft, Drafter
+from .features import TargetFeatures
 
 
 class EagleDrafter(Drafter):
@@ -49,45 +50,29 @@ class EagleDrafter(Drafter):
         self.do_sample = bool(generation_config.do_sample)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), mask[:, :0], fast_cpu_verify=False)
-        self.prompt_mask = mask.bool()
-        self.prompt_len = input_ids.shape[1]
-        hidden = self.model.config.hidden_size
-        self.features = [input_ids.new_zeros(0, hidden, dtype=torch.float32) for _ in range(len(input_ids))]
+        self.target_features = TargetFeatures(input_ids, attention_mask, self.model.config.hidden_size)
         self.fed = [0] * len(input_ids)  # per row: real tokens whose (token, target feature) pair is in the cache
-        self.pending = None  # the last verification forward's features, until `accepted` says which to keep
 
-    def _real_tokens(self, b: int, row: torch.Tensor) -> torch.Tensor:
-        """Row b without its prompt's padding."""
-        return torch.cat([row[: self.prompt_len][self.prompt_mask[b]], row[self.prompt_len :]])
+    @property
+    def features(self) -> list[torch.Tensor]:
+        return self.target_features.features
 
     def observe_target(self, hidden, valid):
-        self.pending = [hidden[b][valid[b]].float() for b in range(hidden.shape[0])]
+        self.target_features.observe(hidden, valid)
 
     def accepted(self, input_ids, num_accepted, lengths=None):
-        if self.pending is None:
-            return
-        for b in range(len(self.features)):
-            n = int(lengths[b]) if lengths is not None else input_ids.shape[1]
-            real = len(self._real_tokens(b, input_ids[b, :n]))
-            need = real - 1 - len(self.features[b])  # every real token but the newest has a target feature
-            self.features[b] = torch.cat([self.features[b], self.pending[b][:need]])
-        self.pending = None
+        self.target_features.accept(input_ids, lengths)
 
     def select_rows(self, rows):
-        keep = rows.tolist()
         self.kv.select_rows(rows)
-        self.prompt_mask = self.prompt_mask[rows]
-        self.features = [self.features[b] for b in keep]
-        self.fed = [self.fed[b] for b in keep]
-        if self.pending is not None:
-            self.pending = [self.pending[b] for b in keep]
+        self.target_features.select(rows)
+        self.fed = [self.fed[b] for b in rows.tolist()]
 
     @torch.no_grad()
     def propose(self, input_ids, max_tokens, lengths=None):
         n_rows = len(input_ids)
-        rows = [self._real_tokens(b, input_ids[b, : int(lengths[b])] if lengths is not None else input_ids[b])
-                for b in range(n_rows)]
-        if any(len(f) < len(r) - 1 for f, r in zip(self.features, rows)):
+        rows = self.target_features.rows(input_ids, lengths)
+        if not self.target_features.ready(rows):
             return Draft(input_ids[:, :0])  # first step: the target has not produced features yet
         # 1. Catch up: feed each row's new tokens with the target's features of the positions before them.
         hidden_size = self.model.config.hidden_size

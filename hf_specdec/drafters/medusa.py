@@ -1,0 +1,113 @@
+"""Medusa drafting: the heads read the target's hidden state that the last verification forward produced.
+
+At each step, with `f` the target's final hidden state at the position just before the newest token (the one whose
+LM-head output chose that token), head i proposes the token i + 1 positions after the newest one. No extra target
+call and no KV cache of its own. The first step has no hidden state yet, so it proposes nothing.
+
+- `tree="chain"`: the heads' top-1 tokens (sampling: one draw from each head's processed distribution, reported as q,
+  so the usual rejection rule stays exact).
+- a tree (the default, `DEFAULT_TREE`, or your own list of paths): node (r1, ..., rd) is the r_d-th most likely token of
+  head d under node (r1, ..., r_{d-1}); the loop verifies the whole tree in ONE target forward with a tree attention
+  mask and keeps the longest accepted path (greedy) or runs recursive rejection over siblings (sampling: exact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ragged_cache import final_norm
+from .base import Draft, Drafter
+from .features import TargetFeatures
+
+
+#: top-k ranks per depth: 3 first tokens, 2 continuations of the best, 1 of the second, and the top-1 chain to depth 4
+DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))
+
+
+def tree_parents(paths) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    """Paths of ranks -> (parents [T], the paths ordered parents-first). Every path's prefix must be in the tree."""
+    ordered = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(ordered)}
+    if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
+        raise ValueError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
+    missing = [p for p in ordered if len(p) > 1 and p[:-1] not in index]
+    if missing:
+        raise ValueError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
+    return torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
+
+
+class MedusaDrafter(Drafter):
+    supports_batch = True
+    uses_target_hidden = True
+
+    def __init__(self, heads, tree="default"):
+        from ..modeling_medusa import MedusaHeads
+
+        if not isinstance(heads, MedusaHeads):
+            raise TypeError(f"MedusaDrafter needs MedusaHeads, got {type(heads).__name__}.")
+        self.heads = heads.eval()
+        self.default_num_draft_tokens = heads.config.num_heads
+        if tree == "default":  # cut to the heads there are
+            tree = [p for p in DEFAULT_TREE if len(p) <= heads.config.num_heads]
+        self.tree = None if tree == "chain" else tree_parents(tree)
+        if self.tree is not None and max(len(p) for p in self.tree[1]) > heads.config.num_heads:
+            raise ValueError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
+
+    def vocab_size(self) -> int:
+        return self.heads.config.vocab_size
+
+    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
+        super().start(target, input_ids, generation_config, logits_processor)
+        if self.heads.device != target.device:
+            raise ValueError(f"The Medusa heads are on {self.heads.device} but the target is on {target.device}; "
+                             f"move them first: `heads.to({str(target.device)!r})`.")
+        final_norm(target)  # raises a clear error for targets whose hidden state cannot be read
+        self.heads.bind_target(target)
+        self.do_sample = bool(generation_config.do_sample)
+        self.target_features = TargetFeatures(input_ids, attention_mask, self.heads.config.hidden_size)
+
+    def observe_target(self, hidden, valid):
+        self.target_features.observe(hidden, valid)
+
+    def accepted(self, input_ids, num_accepted, lengths=None):
+        self.target_features.accept(input_ids, lengths)
+
+    def select_rows(self, rows):
+        self.target_features.select(rows)
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens, lengths=None):
+        rows = self.target_features.rows(input_ids, lengths)
+        k = min(max_tokens, self.heads.config.num_heads)
+        if k <= 0 or not self.target_features.ready(rows):
+            return Draft(input_ids[:, :0])
+        last = torch.stack([f[len(r) - 2] for f, r in zip(self.target_features.features, rows)])  # [B, H]
+        logits = self.heads(last)[:, :k].float()  # [B, k, V]
+        if self.tree is not None:
+            return self._tree(logits, k)
+        tokens, probs = [], []
+        for i in range(k):
+            scores = logits[:, i]
+            if self.logits_processor:
+                scores = torch.cat([
+                    self.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
+                    for b in range(len(rows))
+                ])
+            if self.do_sample:
+                q = scores.softmax(dim=-1)
+                tokens.append(torch.multinomial(q, 1).squeeze(1))
+                probs.append(q)
+            else:
+                tokens.append(scores.argmax(dim=-1))
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+    def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
+        """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""
+        parents, paths = self.tree
+        size = sum(len(p) <= max_depth for p in paths)  # parents-first order: the kept nodes are a prefix
+        parents, paths = parents[:size], paths[:size]
+        width = max(max(p) for p in paths) + 1
+        top = logits.topk(width, dim=-1).indices  # [B, k, width]
+        depth = torch.tensor([len(p) - 1 for p in paths], device=logits.device)
+        rank = torch.tensor([p[-1] for p in paths], device=logits.device)
+        return Draft(top[:, depth, rank], None, None, parents.to(logits.device))
