@@ -101,12 +101,12 @@ def push(args) -> int:
 
     from transformers import AutoConfig
 
+    from .auto_drafter import DRAFTER_CLASSES
     from .hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
-    from .modeling_drafter import MODEL_TYPE
 
     folder = Path(args.folder)
     config = AutoConfig.from_pretrained(folder)  # a clear error when the folder holds no drafter
-    if config.model_type == MODEL_TYPE and not (folder / CUSTOM_GENERATE_DIR).is_dir():
+    if config.model_type in DRAFTER_CLASSES and not (folder / CUSTOM_GENERATE_DIR).is_dir():
         print(f"writing {folder / CUSTOM_GENERATE_DIR} (saved before hf_specdec wrote it)")
         write_custom_generate(folder)
     if not (folder / "README.md").is_file():
@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
     p.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS),
-                   help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout")
+                   help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout; "
+                        "vllm-medusa: vLLM's Medusa layout (Medusa heads)")
     p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")
     p.add_argument("--out", required=True)
     p.set_defaults(func=export)

@@ -13,12 +13,18 @@
   has NO input norm on layer 0 and NO final norm, which hf_specdec's drafter has: those two weights are dropped (with
   a warning), so vLLM drafts differently from hf_specdec; its output stays exact, measure acceptance there.
   Serve with `--speculative-config '{"method": "eagle", "model": OUT, "num_speculative_tokens": 5}'`.
-
-A format for Medusa heads is one more function in `FORMATS`.
+- `vllm-medusa` (`MedusaHeads`): the checkpoint of vLLM's `Medusa` (vllm/model_executor/models/medusa.py, config
+  vllm/transformers_utils/configs/medusa.py): `model_type: medusa`, `blocks.{i}.layers.{j}.weight/bias` (so
+  `medusa_fc_bias: true`), `lm_heads.{i}.weight`. Heads that borrow the target's LM head get a copy of it in every
+  `lm_heads.{i}` (`original_lm_head: true` lets vLLM keep one); a reduced draft vocabulary becomes vLLM's
+  `truncated_vocab_size` plus a `token_map` tensor (row r of a head <-> target token `token_map[r]`). vLLM proposes the
+  heads' top-1 chain (no tree). Serve with `--speculative-config '{"method": "medusa", "model": OUT,
+  "num_speculative_tokens": K}'` (K <= the number of heads).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -29,23 +35,33 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .auto_drafter import AutoDrafter
+from .hub import drafter_kind
 from .modeling_drafter import SpecDrafterForCausalLM
+from .modeling_medusa import MedusaHeads
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "vocab.json", "merges.txt")
 
 
-def _target_weights(target) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's embedding and LM-head matrices, if a plain Llama layout can express them."""
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    if type(embed) is not nn.Embedding or not isinstance(head, nn.Linear) or head.bias is not None:
-        raise ValueError(
-            f"{type(target).__name__} has {type(embed).__name__} embeddings and a {type(head).__name__} LM head; an "
-            "export needs a plain nn.Embedding (no scaling) and a bias-free nn.Linear head, as Llama-like targets have."
-        )
+def _target_head(target) -> torch.Tensor:
+    """The target's LM-head matrix, if a bias-free linear layer (what the engines' LM heads are) can express it."""
+    head = target.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        bias = " with a bias" if getattr(head, "bias", None) is not None else ""
+        raise ValueError(f"{type(target).__name__} has a {type(head).__name__} LM head{bias}; an export needs a "
+                         "bias-free nn.Linear head, as Llama-like targets have.")
     if not head.weight.is_floating_point():
         raise ValueError("The target's LM head is quantized: load the target in floating point to export.")
-    return embed.weight.detach(), head.weight.detach()
+    return head.weight.detach()
+
+
+def _target_weights(target) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and LM-head matrices, if a plain Llama layout can express them."""
+    embed = target.get_input_embeddings()
+    if type(embed) is not nn.Embedding:
+        raise ValueError(f"{type(target).__name__} has {type(embed).__name__} embeddings; an export needs a plain "
+                         "nn.Embedding (no scaling), as Llama-like targets have.")
+    return embed.weight.detach(), _target_head(target)
 
 
 def _llama_config(drafter: SpecDrafterForCausalLM, vocab_size: int, **overrides) -> LlamaConfig:
@@ -92,8 +108,37 @@ def export_vllm_eagle(drafter: SpecDrafterForCausalLM, target, out: Path, dtype:
         "differently from hf_specdec (outputs stay exact; acceptance may be lower, measure it there).", stacklevel=3)
 
 
-#: --format -> (exporter, does it take EAGLE-style drafters)
-FORMATS = {"vllm-draft": (export_vllm_draft, False), "vllm-eagle": (export_vllm_eagle, True)}
+def export_vllm_medusa(heads: MedusaHeads, target, out: Path, dtype: torch.dtype) -> None:
+    """vLLM's Medusa checkpoint: the residual blocks as they are, an LM head per head (the target's, if borrowed)."""
+    c, vocab = heads.config, heads.draft_vocab
+    tensors = {f"blocks.{i}.layers.{j}.{name}": tensor for i, head in enumerate(heads.heads)
+               for j, block in enumerate(head) for name, tensor in block.linear.named_parameters()}
+    if c.share_lm_head:
+        shared = _target_head(target)
+        shared = shared if vocab is None else shared[vocab.to(shared.device)]  # row r <-> token_map[r]
+        lm_heads = [shared] * c.num_heads
+    else:
+        lm_heads = [lm_head.weight for lm_head in heads.lm_heads]
+    tensors.update({f"lm_heads.{i}.weight": w for i, w in enumerate(lm_heads)})
+    tensors = {k: v.detach().to(dtype).clone() for k, v in tensors.items()}  # clone: safetensors refuses shared storage
+    if vocab is not None:
+        tensors["token_map"] = vocab.detach().cpu().long().clone()  # an index: stays int64
+    config = {
+        "model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size, "num_heads": c.num_heads, "num_hidden_layers": c.num_layers,
+        "truncated_vocab_size": c.vocab_size if vocab is None else len(vocab),
+        "medusa_fc_bias": True,  # hf_specdec's blocks have a bias; vLLM's default is none
+        "original_lm_head": bool(c.share_lm_head),  # one LM head in vLLM's memory (it reads lm_heads.0.weight)
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+#: --format -> (exporter, the drafter kind it takes: hf_specdec.hub.drafter_kind)
+FORMATS = {"vllm-draft": (export_vllm_draft, "draft-model"), "vllm-eagle": (export_vllm_eagle, "eagle"),
+           "vllm-medusa": (export_vllm_medusa, "medusa")}
 
 
 def export_drafter(drafter_path, target, out, format: str) -> Path:
@@ -101,14 +146,14 @@ def export_drafter(drafter_path, target, out, format: str) -> Path:
     if format not in FORMATS:
         raise ValueError(f"Unknown export format {format!r}; choose one of {sorted(FORMATS)}.")
     drafter = AutoDrafter.from_pretrained(drafter_path, target=target, dtype=torch.float32)
-    if not isinstance(drafter, SpecDrafterForCausalLM):
+    if not isinstance(drafter, (SpecDrafterForCausalLM, MedusaHeads)):
         raise ValueError(f"{drafter_path} is already a standalone {type(drafter).__name__}: serve the folder as it is.")
-    exporter, eagle = FORMATS[format]
-    is_eagle = bool(drafter.config.target_feature_input)
-    if eagle != is_eagle:
-        right = next(name for name, (_, e) in FORMATS.items() if e == is_eagle)
-        kind = "an EAGLE-style" if is_eagle else "a token-only"
-        raise ValueError(f"{drafter_path} is {kind} drafter: export it with --format {right}.")
+    exporter, takes = FORMATS[format]
+    kind = drafter_kind(drafter.config)
+    if takes != kind:
+        right = next(name for name, (_, k) in FORMATS.items() if k == kind)
+        what = {"eagle": "an EAGLE-style drafter", "medusa": "a set of Medusa heads"}.get(kind, "a token-only drafter")
+        raise ValueError(f"{drafter_path} is {what}: export it with --format {right}.")
     out = Path(out)
     exporter(drafter, target, out, getattr(torch, drafter.config.save_dtype or "float32"))
     for name in TOKENIZER_FILES:  # engines load the draft's tokenizer from its folder when given one
@@ -117,4 +162,4 @@ def export_drafter(drafter_path, target, out, format: str) -> Path:
     return out
 
 
-__all__ = ["export_drafter", "export_vllm_draft", "export_vllm_eagle", "FORMATS"]
+__all__ = ["export_drafter", "export_vllm_draft", "export_vllm_eagle", "export_vllm_medusa", "FORMATS"]

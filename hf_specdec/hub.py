@@ -1,8 +1,9 @@
 """Sharing drafters on the Hugging Face Hub: the `custom_generate/` bundle, model cards, and uploads.
 
-- `write_custom_generate(folder)`: every saved `SpecDrafterForCausalLM` folder gets `custom_generate/` (called by its
-  `save_pretrained`), so `target.generate(**inputs, custom_generate="<folder or repo>", trust_remote_code=True)`
-  decodes speculatively with plain transformers. The folder is GENERATED from the installed hf_specdec sources:
+- `write_custom_generate(folder)`: every saved `SpecDrafterForCausalLM` / `MedusaHeads` folder gets `custom_generate/`
+  (called by their `save_pretrained`), so
+  `target.generate(**inputs, custom_generate="<folder or repo>", trust_remote_code=True)` decodes speculatively with
+  plain transformers. The folder is GENERATED from the installed hf_specdec sources:
   `hf_specdec/custom_generate.py` becomes `generate.py`, and every hf_specdec module it imports is copied next to it,
   so it is the library's own code.
 - `render_model_card(folder, config, ...)`: a `ModelCard` from `model_cards/drafter.md` with Hub metadata (library,
@@ -30,6 +31,7 @@ from packaging.utils import canonicalize_name
 from . import __version__
 from .default_model import DEFAULT_TARGET_NAME
 from .modeling_drafter import MODEL_TYPE
+from .modeling_medusa import MEDUSA_MODEL_TYPE
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = PACKAGE_DIR.parent / "model_cards"
@@ -139,7 +141,10 @@ QUANTIZATION_CODE = {
 
 
 def drafter_kind(config) -> str:
-    """The Hub tag of a drafter's kind: 'eagle' (reads the target's hidden states) or 'draft-model' (tokens only)."""
+    """The Hub tag of a drafter's kind: 'medusa' (heads on the target's hidden state), 'eagle' (a drafter that also
+    reads the target's hidden states) or 'draft-model' (tokens only)."""
+    if getattr(config, "model_type", None) == MEDUSA_MODEL_TYPE:
+        return "medusa"
     return "eagle" if getattr(config, "target_feature_input", False) else "draft-model"
 
 
@@ -205,6 +210,8 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
         hardware=hardware or measured.get("hardware") or "not recorded",
         config=config,
         measured=measured,
+        # Medusa heads propose at most one token per head
+        num_draft_tokens=measured.get("num_draft_tokens") or getattr(config, "num_heads", None) or 5,
         training=training,
         size_mb=round(sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**20, 2),
     )

@@ -15,10 +15,12 @@ see `hf_specdec/drafters/medusa.py`.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .modeling_drafter import _NOT_BOUND, BorrowedLMHead, TargetNotBoundError, _TargetLink
 
@@ -135,7 +137,12 @@ class MedusaHeads(PreTrainedModel):
         if state_dict is None and self.config.save_dtype:
             dtype = getattr(torch, self.config.save_dtype)
             state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        if __package__ == "hf_specdec" and (args[0] if args else kwargs.get("is_main_process", True)):
+            # custom_generate/, as SpecDrafterForCausalLM.save_pretrained writes it (the bundled copy writes none)
+            importlib.import_module("hf_specdec.hub").write_custom_generate(save_directory)
         return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
+
+AutoConfig.register(MEDUSA_MODEL_TYPE, MedusaConfig, exist_ok=True)  # so AutoConfig reads a Medusa folder's config
 
 __all__ = ["MedusaConfig", "MedusaHeads", "MEDUSA_MODEL_TYPE"]

@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import validate_repo_id
@@ -20,23 +21,39 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM, T5Config
 
 import hf_specdec
-from hf_specdec import AutoDrafter, SpecDrafterForCausalLM
+from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpecDrafterForCausalLM
 from hf_specdec.cli import main as cli
-from hf_specdec.drafters import DraftModelDrafter, EagleDrafter
-from hf_specdec.hub import bundle_sources, render_model_card
+from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
 from hf_specdec.modeling_drafter import drafter_config_from_target
 
 from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+SPEC_KINDS = ("agreeing", "reduced", "eagle")
+MEDUSA_KINDS = ("medusa", "medusa-reduced", "medusa-own")
+KINDS = (*SPEC_KINDS, "plain", *MEDUSA_KINDS)
+
 
 def make_drafter(target, kind: str):
     """'agreeing': the target's own layers (every draft accepted); 'reduced': random, 48-token draft vocabulary;
-    'eagle': random EAGLE-style; 'plain': a separate tiny Llama."""
+    'eagle': random EAGLE-style; 'plain': a separate tiny Llama; 'medusa*': 3 random heads of 2 blocks, on the
+    target's LM head (full or 48-token vocabulary) or on their own ('medusa-own')."""
     if kind == "plain":
         return tiny_llama(layers=1, seed=2)
     torch.manual_seed(3)
+    if kind in MEDUSA_KINDS:
+        config = MedusaConfig.from_target(target.config, num_heads=3, num_layers=2, share_lm_head=kind != "medusa-own",
+                                          draft_vocab_size=48 if kind == "medusa-reduced" else 0,
+                                          target_name_or_path="someone/target")
+        heads = MedusaHeads(config)
+        with torch.no_grad():
+            for p in heads.heads.parameters():
+                p.normal_(0, 0.05)  # not the identity, still close enough to the target to be accepted at times
+        if kind == "medusa-reduced":
+            heads.set_draft_vocab(torch.randperm(VOCAB)[:48])
+        return heads
     config = drafter_config_from_target(target.config, num_hidden_layers=2 if kind == "agreeing" else 1,
                                         draft_vocab_size=48 if kind == "reduced" else 0,
                                         target_feature_input=kind == "eagle", target_name_or_path="someone/target")
@@ -56,7 +73,7 @@ def world(tmp_path_factory):
     target.save_pretrained(root / "target")
     tiny_char_tokenizer().save_pretrained(root / "target")  # `--target FOLDER` loads a tokenizer too
     folders = {}
-    for kind in ("agreeing", "reduced", "eagle", "plain"):
+    for kind in KINDS:
         folders[kind] = root / kind
         make_drafter(target, kind).save_pretrained(folders[kind])
     tiny_char_tokenizer().save_pretrained(folders["agreeing"])  # the export copies a drafter folder's tokenizer
@@ -72,22 +89,29 @@ def greedy_pairs(target, assistant, n=3, max_new_tokens=12, **kwargs):
 
 
 # --- AutoDrafter -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["agreeing", "reduced", "eagle", "plain"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_auto_drafter_loads_each_kind_as_it_was_saved(world, kind):
     target, original = world["target"], make_drafter(world["target"], kind)
     drafter = AutoDrafter.from_pretrained(world[kind], target=target)
     assert type(drafter) is type(original) and not drafter.training
     saved = original.state_dict()
-    if kind != "plain":  # a SpecDrafter is stored in config.save_dtype (float16) and cast back on load
-        assert drafter.is_bound and drafter.config.target_name_or_path == "someone/target"
-        assert drafter.config.target_feature_input == (kind == "eagle")
+    if kind != "plain":  # hf_specdec drafters are stored in config.save_dtype (float16) and cast back on load
+        assert drafter.config.target_name_or_path == "someone/target"
         assert drafter.config.draft_vocab_size == original.config.draft_vocab_size
         saved = {k: v.half().float() if v.is_floating_point() else v for k, v in saved.items()}
+    if kind in SPEC_KINDS:
+        assert drafter.is_bound and drafter.config.target_feature_input == (kind == "eagle")
+    if kind in MEDUSA_KINDS:  # bound: the borrowed LM head is the target's
+        assert drafter.config.share_lm_head == (kind != "medusa-own")
+        assert not drafter.config.share_lm_head or drafter.lm_head.link.target is target
     assert drafter.state_dict().keys() == saved.keys()
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in saved.items())
-    assert isinstance(hf_specdec.as_drafter(drafter), EagleDrafter if kind == "eagle" else DraftModelDrafter)
-    for plain, spec in greedy_pairs(target, drafter, n=2):
-        assert torch.equal(plain, spec)
+    expected = {"eagle": EagleDrafter, **dict.fromkeys(MEDUSA_KINDS, MedusaDrafter)}.get(kind, DraftModelDrafter)
+    assert isinstance(hf_specdec.as_drafter(drafter), expected)
+    # Medusa heads: the default tree (as_drafter) and the top-1 chain
+    for assistant in [drafter, *([MedusaDrafter(drafter, tree="chain")] if kind in MEDUSA_KINDS else [])]:
+        for plain, spec in greedy_pairs(target, assistant, n=2):
+            assert torch.equal(plain, spec)
 
 
 def test_auto_drafter_names_what_it_supports(world, tmp_path):
@@ -127,6 +151,9 @@ def test_custom_generate_folder_is_the_installed_library(world):
     requirements = files["requirements.txt"].split()
     assert {split_package_version(r)[0] for r in requirements} == {"huggingface_hub", "torch", "transformers"}
     assert not (world["plain"] / "custom_generate").exists()  # plain causal LMs: transformers' own assisted decoding
+    for kind in MEDUSA_KINDS:  # MedusaHeads.save_pretrained writes the same bundle, and push uploads it
+        assert {p.name: p.read_text() for p in (world[kind] / "custom_generate").iterdir()} == files
+        assert "custom_generate/generate.py" in files_to_upload(world[kind])
 
 
 HIDDEN_HF_SPECDEC = """
@@ -150,7 +177,7 @@ target_folder, drafters, prompts = sys.argv[1], json.loads(sys.argv[2]), json.lo
 target = AutoModelForCausalLM.from_pretrained(target_folder).eval()
 report = {}
 for name, folder in drafters.items():
-    report[name] = {"identical": [], "accepted": 0}
+    report[name] = {"identical": [], "accepted": 0, "drafted": 0}
     for prompt in prompts:
         x = torch.tensor([prompt])
         plain = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)
@@ -159,6 +186,7 @@ for name, folder in drafters.items():
                               return_dict_in_generate=True)
         report[name]["identical"].append(plain[0].tolist() == out.sequences[0].tolist())
         report[name]["accepted"] += out.speculation_stats.accepted_tokens
+        report[name]["drafted"] += out.speculation_stats.drafted_tokens
 report["hf_specdec_modules"] = [m for m in sys.modules if m.split(".")[0] == "hf_specdec"]
 print(json.dumps(report))
 """
@@ -171,7 +199,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     shutil.copytree(world["agreeing"], snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
-    drafters = {**{kind: str(world[kind]) for kind in ("agreeing", "reduced", "eagle")}, "hub": "someone/tiny-drafter"}
+    drafters = {**{kind: str(world[kind]) for kind in (*SPEC_KINDS, *MEDUSA_KINDS)}, "hub": "someone/tiny-drafter"}
     prompts = [p[0].tolist() for p in random_prompts(3, seed=11)]
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -184,6 +212,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     for name, r in report.items():
         assert r["identical"] == [True] * len(prompts), name
     assert report["agreeing"]["accepted"] > 0 and report["hub"]["accepted"] == report["agreeing"]["accepted"]
+    assert all(report[kind]["drafted"] > 0 for kind in MEDUSA_KINDS) and report["medusa"]["accepted"] > 0  # tree drafts
     assert any((tmp_path / "hf" / "modules" / "transformers_modules").rglob("generate.py"))  # transformers' copy ran
 
 
@@ -209,7 +238,7 @@ TRAINING = {"data": "ShareGPT", "loss": "fkl", "steps": 100, "batch_size": 16, "
             "command": "python training/distill.py --target default --max-steps 100"}
 
 
-@pytest.mark.parametrize("kind", ["reduced", "eagle", "plain"])
+@pytest.mark.parametrize("kind", ["reduced", "eagle", "plain", "medusa", "medusa-reduced"])
 def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
     """`ModelCard.validate()` posts to the Hub (/api/validate-yaml), so the metadata is checked with
     huggingface_hub's own offline parser (metadata_load, ModelCardData) and repo-id validator."""
@@ -228,7 +257,7 @@ def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
     assert metadata["license"] == "apache-2.0" and metadata["pipeline_tag"] == "text-generation"
     for repo_id in [metadata["base_model"], *metadata["datasets"]]:
         validate_repo_id(repo_id)
-    drafter_kind = "eagle" if kind == "eagle" else "draft-model"
+    drafter_kind = {"eagle": "eagle", "medusa": "medusa", "medusa-reduced": "medusa"}.get(kind, "draft-model")
     assert {"speculative-decoding", drafter_kind, "hf-specdec"} <= set(metadata["tags"])
     assert ("custom_generate" in metadata["tags"]) == (kind != "plain")
 
@@ -241,11 +270,16 @@ def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
     assert row in text and TRAINING["command"] in text
     assert 'AutoDrafter.from_pretrained("someone/tiny-drafter", target=target)' in text
     assert 'custom_generate="someone/tiny-drafter", trust_remote_code=True' in text
-    assert f"--format {'vllm-eagle' if kind == 'eagle' else 'vllm-draft'}" in text
+    assert "num_draft_tokens=3," in text  # what was measured
+    export_format = {"eagle": "vllm-eagle", "medusa": "vllm-medusa", "medusa-reduced": "vllm-medusa"}.get(kind, "vllm-draft")
+    assert f"--format {export_format} --target TARGET" in text
+    if drafter_kind == "medusa":
+        assert "3 Medusa heads" in text and "2 residual block(s)" in text and 'tree="chain"' in text
+        assert ("only the 48 target tokens" in text) == (kind == "medusa-reduced")
 
 
 # --- push ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["agreeing", "eagle", "plain"])
+@pytest.mark.parametrize("kind", ["agreeing", "eagle", "plain", "medusa"])
 def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_path, kind):
     folder = tmp_path / kind
     AutoDrafter.from_pretrained(world[kind]).save_pretrained(folder)
@@ -258,15 +292,17 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     api.create_repo.assert_called_once_with(repo_id="someone/tiny-drafter", repo_type="model", private=True, exist_ok=True)
     (call,) = api.upload_folder.call_args_list
     bundle = [] if kind == "plain" else sorted(f"custom_generate/{name}" for name in [*bundle_sources(), "requirements.txt"])
-    expected = sorted(["README.md", "config.json", "generation_config.json", "model.safetensors", *bundle])
+    generation_config = [] if kind == "medusa" else ["generation_config.json"]  # heads are not a generative model
+    expected = sorted(["README.md", "config.json", *generation_config, "model.safetensors", *bundle])
     assert call.kwargs == {"repo_id": "someone/tiny-drafter", "repo_type": "model", "folder_path": str(folder),
                            "allow_patterns": expected, "commit_message": "Upload hf_specdec drafter"}
     assert not any("hf_not_a_real_token" in p.read_text(errors="ignore") for p in folder.rglob("*") if p.is_file())
 
 
-def test_transformers_push_to_hub_carries_custom_generate(world):
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_transformers_push_to_hub_carries_custom_generate(world, kind):
     """`drafter.push_to_hub()` (transformers' own) saves through our save_pretrained, so the Hub repo gets the bundle."""
-    drafter = AutoDrafter.from_pretrained(world["eagle"])
+    drafter = AutoDrafter.from_pretrained(world[kind])
     with mock.patch("transformers.utils.hub.hf_api") as api, \
          mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("---\n---\n")):
         api.return_value.create_repo.return_value.repo_id = "someone/tiny-drafter"
@@ -355,3 +391,64 @@ def test_export_refuses_the_wrong_format(world, tmp_path):
         export_drafter(world["eagle"], target, tmp_path / "x", "vllm-draft")
     with pytest.raises(ValueError, match="already a standalone LlamaForCausalLM"):
         export_drafter(world["plain"], target, tmp_path / "x", "vllm-draft")
+    with pytest.raises(ValueError, match="Medusa heads: export it with --format vllm-medusa"):
+        export_drafter(world["medusa"], target, tmp_path / "x", "vllm-eagle")
+    with pytest.raises(ValueError, match="token-only drafter: export it with --format vllm-draft"):
+        export_drafter(world["agreeing"], target, tmp_path / "x", "vllm-medusa")
+    assert not (tmp_path / "x").exists()
+
+
+def vllm_medusa_logits(tensors: dict, config: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """[N, heads, vocab]: what vLLM's Medusa computes from the exported checkpoint. Per head, `x = x + SiLU(layer(x))`
+    for each of its layers, then its LM head (the one at lm_heads.0 when original_lm_head); with a token_map, row r
+    of the truncated logits is target token token_map[r], -inf elsewhere."""
+    t = {k: v.float() for k, v in tensors.items()}
+    logits = []
+    for i in range(config["num_heads"]):
+        x = hidden
+        for j in range(config["num_hidden_layers"]):
+            x = x + F.silu(x @ t[f"blocks.{i}.layers.{j}.weight"].T + t[f"blocks.{i}.layers.{j}.bias"])
+        head = x @ t["lm_heads.0.weight" if config["original_lm_head"] else f"lm_heads.{i}.weight"].T
+        if config["truncated_vocab_size"] < config["vocab_size"]:
+            full = head.new_full((*head.shape[:-1], config["vocab_size"]), float("-inf"))
+            head = full.index_copy(-1, tensors["token_map"], head)
+        logits.append(head)
+    return torch.stack(logits, dim=-2)
+
+
+@pytest.mark.parametrize("kind", MEDUSA_KINDS)
+def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, kind):
+    out = tmp_path / "vllm-medusa"
+    assert cli(["export", str(world[kind]), "--format", "vllm-medusa", "--target", str(world["target_folder"]),
+                "--out", str(out)]) == 0
+    # vLLM's Medusa (vllm-project/vllm: vllm/model_executor/models/medusa.py at 01dbb08, Medusa / ResidualBlock /
+    # load_weights; vllm/transformers_utils/configs/medusa.py at 0531c22, MedusaConfig): config keys model_type
+    # "medusa", hidden_size, vocab_size, num_heads, num_hidden_layers (blocks per head), truncated_vocab_size,
+    # medusa_fc_bias (block bias; default False), original_lm_head (one LM head, read from lm_heads.0.weight).
+    # Tensors blocks.{i}.layers.{j}.weight/bias and lm_heads.{i}.weight [truncated_vocab_size, hidden]; token_map
+    # (int ids) when truncated_vocab_size < vocab_size. Unknown tensor names are skipped silently there, so the set
+    # must match exactly. MedusaConfig.from_pretrained renames every key holding "num" and "heads" / "layers".
+    reduced, shared = kind == "medusa-reduced", kind != "medusa-own"
+    config = json.loads((out / "config.json").read_text())
+    assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": 48, "vocab_size": VOCAB,
+                      "num_heads": 3, "num_hidden_layers": 2, "truncated_vocab_size": 48 if reduced else VOCAB,
+                      "medusa_fc_bias": True, "original_lm_head": shared, "torch_dtype": "float16"}
+    rows = 48 if reduced else VOCAB
+    expected = {f"blocks.{i}.layers.{j}.{name}": (48, 48) if name == "weight" else (48,)
+                for i in range(3) for j in range(2) for name in ("weight", "bias")}
+    expected.update({f"lm_heads.{i}.weight": (rows, 48) for i in range(3)}, **({"token_map": (48,)} if reduced else {}))
+    assert tensor_shapes(out / "model.safetensors") == expected
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+
+    # Same heads: vLLM's forward over the export gives MedusaHeads' logits on the target's real hidden states.
+    target, heads = world["target"], AutoDrafter.from_pretrained(world[kind], target=world["target"])
+    if reduced:
+        assert tensors["token_map"].dtype == torch.int64 and torch.equal(tensors["token_map"], heads.draft_vocab)
+    with torch.no_grad():
+        hidden = target(random_prompts(1, seed=3)[0], output_hidden_states=True).hidden_states[-1][0]  # post-norm
+        ours, theirs = heads(hidden), vllm_medusa_logits(tensors, config, hidden)
+    assert torch.equal(torch.isfinite(theirs), torch.isfinite(ours))  # the same draft vocabulary
+    allowed = torch.isfinite(ours)  # the export stores the target's LM head in float16
+    torch.testing.assert_close(theirs[allowed], ours[allowed], rtol=1e-2, atol=1e-2 * float(ours[allowed].abs().max()))
+    assert torch.equal(theirs.argmax(-1), ours.argmax(-1))
