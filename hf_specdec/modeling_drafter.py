@@ -190,7 +190,22 @@ class BorrowedLMHead(nn.Module):
         return f"vocab_size={self.vocab_size}, draft_vocab={n}, bound={self.link is not None}"
 
 
-class SpecDrafterPreTrainedModel(PreTrainedModel):
+class DrafterSaving:
+    """`save_pretrained` for drafter models: their own weights only, in `config.save_dtype`, plus custom_generate/."""
+
+    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
+        if state_dict is None and self.config.save_dtype:
+            dtype = getattr(torch, self.config.save_dtype)
+            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        if __package__ == "hf_specdec" and (args[0] if args else kwargs.get("is_main_process", True)):
+            # custom_generate/ lets plain transformers decode with this folder (written first, so that
+            # `push_to_hub=True` uploads it too). The copy of this module bundled there has no hf_specdec.hub and
+            # writes none; importlib keeps that copy from depending on it.
+            importlib.import_module("hf_specdec.hub").write_custom_generate(save_directory)
+        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
+
+class SpecDrafterPreTrainedModel(DrafterSaving, PreTrainedModel):
     config: SpecDrafterConfig
     config_class = SpecDrafterConfig
     base_model_prefix = "model"
@@ -360,18 +375,6 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
             shift = logits[:, :-1].float()
             loss = nn.functional.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=(all_hidden,))
-
-    # --- saving: the drafter's own weights only, in `config.save_dtype`, plus custom_generate/ ---
-    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
-        if state_dict is None and self.config.save_dtype:
-            dtype = getattr(torch, self.config.save_dtype)
-            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
-        if __package__ == "hf_specdec" and (args[0] if args else kwargs.get("is_main_process", True)):
-            # custom_generate/ lets plain transformers decode with this folder (written first, so that
-            # `push_to_hub=True` uploads it too). The copy of this module bundled there has no hf_specdec.hub and
-            # writes none; importlib keeps that copy from depending on it.
-            importlib.import_module("hf_specdec.hub").write_custom_generate(save_directory)
-        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
 
 def drafter_config_from_target(target_config, num_hidden_layers: int = 2, intermediate_size: int | None = None,

@@ -15,14 +15,13 @@ see `hf_specdec/drafters/medusa.py`.
 
 from __future__ import annotations
 
-import importlib
 
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
-from .modeling_drafter import _NOT_BOUND, BorrowedLMHead, TargetNotBoundError, _TargetLink
+from .modeling_drafter import _NOT_BOUND, BorrowedLMHead, DrafterSaving, TargetNotBoundError, _TargetLink
 
 MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
 
@@ -69,7 +68,7 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-class MedusaHeads(PreTrainedModel):
+class MedusaHeads(DrafterSaving, PreTrainedModel):
     config: MedusaConfig
     config_class = MedusaConfig
     base_model_prefix = "medusa"
@@ -132,15 +131,6 @@ class MedusaHeads(PreTrainedModel):
         if self.config.share_lm_head:
             return torch.stack([self.lm_head(self.heads[i](hidden), full_vocab=full_vocab) for i in chosen], dim=-2)
         return torch.stack([self.lm_heads[i](self.heads[i](hidden)) for i in chosen], dim=-2)
-
-    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
-        if state_dict is None and self.config.save_dtype:
-            dtype = getattr(torch, self.config.save_dtype)
-            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
-        if __package__ == "hf_specdec" and (args[0] if args else kwargs.get("is_main_process", True)):
-            # custom_generate/, as SpecDrafterForCausalLM.save_pretrained writes it (the bundled copy writes none)
-            importlib.import_module("hf_specdec.hub").write_custom_generate(save_directory)
-        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
 
 AutoConfig.register(MEDUSA_MODEL_TYPE, MedusaConfig, exist_ok=True)  # so AutoConfig reads a Medusa folder's config

@@ -60,20 +60,23 @@ class RaggedKV:
         kwargs = dict(extra)
         if self.has_holes:
             kwargs["attention_mask"] = self.slot_mask
+        return self._run(new_ids, positions, num_logits, kwargs)
+
+    def _run(self, ids, positions, num_logits: int, kwargs: dict) -> torch.Tensor:
+        """The model's forward on the cache (keeping `last_output`, and `last_hidden` [B, m, H] when captured)."""
         if self.keep_logits:
             kwargs["logits_to_keep"] = num_logits
-        captured = []
-        hook = None
+        captured, hook = [], None
         if self.hidden_source is not None:
             hook = self.hidden_source.register_forward_hook(lambda module, args, output: captured.append(output))
         try:
             with small_m_linear(self.fast):
-                out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+                out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
         finally:
             if hook is not None:
                 hook.remove()
         self.last_output = out
-        self.last_hidden = captured[-1] if captured else None  # [B, m, H]
+        self.last_hidden = captured[-1] if captured else None
         return out.logits[:, -num_logits:].float()
 
     def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tree_tokens: torch.Tensor,
@@ -108,19 +111,7 @@ class RaggedKV:
                 mask[b, j, past.shape[1] + j] = 0
         ids = torch.cat([pending, tree_tokens], dim=1)
         positions = torch.cat([pending_pos, node_pos], dim=1)
-        kwargs = {"attention_mask": mask[:, None], "logits_to_keep": size + 1} if self.keep_logits else {"attention_mask": mask[:, None]}
-        captured, hook = [], None
-        if self.hidden_source is not None:
-            hook = self.hidden_source.register_forward_hook(lambda module, args, output: captured.append(output))
-        try:
-            with small_m_linear(self.fast):
-                out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
-        finally:
-            if hook is not None:
-                hook.remove()
-        self.last_output = out
-        self.last_hidden = captured[-1] if captured else None
-        return out.logits[:, -(size + 1) :].float()
+        return self._run(ids, positions, size + 1, {"attention_mask": mask[:, None]})
 
     def keep_tree(self, size: int, keep: torch.Tensor) -> None:
         """Of the last `size` slots (a tree's nodes), row b keeps those with `keep[b]` (its accepted path)."""

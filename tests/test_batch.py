@@ -65,23 +65,26 @@ def test_adaptive_draft_length_in_batches():
     assert torch.equal(out, target.generate(ids, **kwargs))
 
 
-def test_batched_sampling_matches_target_per_row():
-    vocab, num_tokens = 12, 2
-    target = tiny_llama(vocab=vocab, seed=0)
-    drafter = tiny_llama(vocab=vocab, seed=7)
-    prompts = [torch.tensor([[1, 5, 7, 2]]), torch.tensor([[3, 9]])]
+def assert_batched_sampling_matches_target(target, assistant, prompts, runs, num_tokens=2):
+    """Each row of a left-padded batch, sampled `runs` times, against its exact joint distribution (chi-square)."""
     ids, mask = left_pad(prompts)
     kwargs = dict(do_sample=True, max_new_tokens=num_tokens, temperature=0.8, top_k=6, pad_token_id=PAD)
     torch.manual_seed(0)
-    samples = [[], []]
-    for _ in range(4000):
-        out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=drafter,
+    samples = [[] for _ in prompts]
+    for _ in range(runs):
+        out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=assistant,
                               num_draft_tokens=2, **kwargs)
-        for b in range(2):
+        for b in range(len(prompts)):
             samples[b].append(tuple(out[b, ids.shape[1] :].tolist()))
     for b, prompt in enumerate(prompts):
         exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), num_tokens)
         assert chi_square_pvalue(samples[b], exact) > 1e-3, f"row {b}"
+
+
+def test_batched_sampling_matches_target_per_row():
+    target = tiny_llama(vocab=12, seed=0)
+    prompts = [torch.tensor([[1, 5, 7, 2]]), torch.tensor([[3, 9]])]
+    assert_batched_sampling_matches_target(target, tiny_llama(vocab=12, seed=7), prompts, runs=4000)
 
 
 def test_batch_refusals_are_clear():
@@ -158,19 +161,7 @@ def test_fallback_drafter_batches_and_picks_per_row(one_thread):
 def test_fallback_drafter_sampling_mixes_one_hot_and_model_q():
     from hf_specdec.drafters import FallbackDrafter, NgramDrafter, as_drafter
 
-    vocab, num_tokens = 12, 2
-    target = tiny_llama(vocab=vocab, seed=0)
-    combined = FallbackDrafter(NgramDrafter(), as_drafter(tiny_llama(vocab=vocab, seed=7)))
+    target = tiny_llama(vocab=12, seed=0)
+    combined = FallbackDrafter(NgramDrafter(), as_drafter(tiny_llama(vocab=12, seed=7)))
     prompts = [torch.tensor([[1, 5, 1, 5, 1]]), torch.tensor([[3, 9]])]  # row 0 repeats itself, row 1 does not
-    ids, mask = left_pad(prompts)
-    kwargs = dict(do_sample=True, max_new_tokens=num_tokens, temperature=0.8, top_k=6, pad_token_id=PAD)
-    torch.manual_seed(0)
-    samples = [[], []]
-    for _ in range(3000):
-        out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=combined,
-                              num_draft_tokens=2, **kwargs)
-        for b in range(2):
-            samples[b].append(tuple(out[b, ids.shape[1] :].tolist()))
-    for b, prompt in enumerate(prompts):
-        exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), num_tokens)
-        assert chi_square_pvalue(samples[b], exact) > 1e-3, f"row {b}"
+    assert_batched_sampling_matches_target(target, combined, prompts, runs=3000)

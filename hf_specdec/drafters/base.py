@@ -37,6 +37,23 @@ class Draft:
         return self.tokens.shape[1]
 
 
+def next_draft_token(drafter: "Drafter", scores, rows, tokens, drafting, first: bool):
+    """One autoregressive draft step shared by model drafters: the target's logits processors on each row's prefix
+    (its sequence plus the drafts so far), an early stop for rows whose top probability is below the drafter's
+    confidence threshold (decided from q before drawing, so sampling stays exact), then argmax or a draw from q.
+    Returns `(token [B], q [B, V] or None, drafting [B])`; `drafting` all False means stop drafting."""
+    if drafter.logits_processor:
+        scores = torch.cat([
+            drafter.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
+            for b in range(len(rows))
+        ])
+    q = scores.softmax(dim=-1) if drafter.do_sample or drafter.confidence_threshold is not None else None
+    if not first and drafter.confidence_threshold is not None:
+        drafting = drafting & (q.max(dim=-1).values >= drafter.confidence_threshold)
+    token = torch.multinomial(q, 1).squeeze(1) if drafter.do_sample else scores.argmax(dim=-1)
+    return token, q if drafter.do_sample else None, drafting
+
+
 class Drafter(CandidateGenerator):
     """Base class of every drafter. Subclasses implement `propose`; the rest has sensible defaults."""
 

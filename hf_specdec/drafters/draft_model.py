@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..ragged_cache import RaggedKV
-from .base import Draft, Drafter
+from .base import Draft, Drafter, next_draft_token
 
 
 class DraftModelDrafter(Drafter):
@@ -88,21 +88,11 @@ class DraftModelDrafter(Drafter):
         num_valid = torch.zeros(batch, dtype=torch.long, device=block.device)
         for i in range(max_tokens):
             logits = self.kv.forward(block, valid, block.shape[1])
-            scores = logits[torch.arange(batch), last]
-            if self.logits_processor:
-                scores = torch.cat([
-                    self.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
-                    for b in range(batch)
-                ])
-            q = scores.softmax(dim=-1) if self.do_sample or self.confidence_threshold is not None else None
-            if i > 0 and self.confidence_threshold is not None:
-                # not confident: let the target take it from here (decided before drawing, so sampling stays exact)
-                drafting &= q.max(dim=-1).values >= self.confidence_threshold
-                if not drafting.any():
-                    break
-            token = torch.multinomial(q, 1).squeeze(1) if self.do_sample else scores.argmax(dim=-1)
+            token, q, drafting = next_draft_token(self, logits[torch.arange(batch), last], rows, tokens, drafting, i == 0)
+            if not drafting.any():
+                break
             tokens.append(token)
-            if self.do_sample:
+            if q is not None:
                 probs.append(q)
             num_valid += drafting.long()
             for b in torch.nonzero(drafting).flatten().tolist():

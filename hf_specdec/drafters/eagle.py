@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from ..ragged_cache import RaggedKV, final_norm
-from .base import Draft, Drafter
+from .base import Draft, Drafter, next_draft_token
 from .features import TargetFeatures
 
 
@@ -97,21 +97,11 @@ class EagleDrafter(Drafter):
         num_valid = torch.zeros(n_rows, dtype=torch.long, device=block.device)
         own_slots = torch.zeros(n_rows, dtype=torch.long)
         for i in range(max_tokens):
-            scores = logits[index, last]
-            if self.logits_processor:
-                scores = torch.cat([
-                    self.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
-                    for b in range(n_rows)
-                ])
-            q = scores.softmax(dim=-1) if self.do_sample or self.confidence_threshold is not None else None
-            if i > 0 and self.confidence_threshold is not None:
-                # not confident: let the target take it from here (decided before drawing, so sampling stays exact)
-                drafting &= q.max(dim=-1).values >= self.confidence_threshold
-                if not drafting.any():
-                    break
-            token = torch.multinomial(q, 1).squeeze(1) if self.do_sample else scores.argmax(dim=-1)
+            token, q, drafting = next_draft_token(self, logits[index, last], rows, tokens, drafting, i == 0)
+            if not drafting.any():
+                break
             tokens.append(token)
-            if self.do_sample:
+            if q is not None:
                 probs.append(q)
             num_valid += drafting.long()
             if i + 1 < max_tokens:

@@ -55,7 +55,8 @@ class FallbackDrafter(Drafter):
         counts = _counts(first)
         if bool((counts > 0).all()):
             return first
-        second = self.second.propose(input_ids, max_tokens, **kwargs)
+        # the second drafter at most at its own default length: a model drafter's cost grows with every token
+        second = self.second.propose(input_ids, min(max_tokens, self.second.default_num_draft_tokens), **kwargs)
         use_first = counts > 0
         if not use_first.any():
             return second
