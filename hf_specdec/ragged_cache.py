@@ -104,11 +104,10 @@ class RaggedKV:
         allowed[:, :u, past.shape[1] : past.shape[1] + u] = causal[None] & pending_valid[:, None, :]
         allowed[:, u:, past.shape[1] : past.shape[1] + u] = pending_valid[:, None, :]
         allowed[:, u:, past.shape[1] + u :] = tree_ancestor_mask(parents).to(device)[None]
+        # a padded pending slot sees itself, so no attention row is empty (no host sync: one masked diagonal)
+        allowed[:, :u, past.shape[1] : past.shape[1] + u] |= torch.eye(u, dtype=torch.bool, device=device)[None] & ~pending_valid[:, None, :]
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-        for b in range(batch):  # a padded pending slot sees itself, so no attention row is empty
-            for j in torch.nonzero(~pending_valid[b]).flatten().tolist():
-                mask[b, j, past.shape[1] + j] = 0
         ids = torch.cat([pending, tree_tokens], dim=1)
         positions = torch.cat([pending_pos, node_pos], dim=1)
         return self._run(ids, positions, size + 1, {"attention_mask": mask[:, None]})
