@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
@@ -41,8 +40,7 @@ def main(argv=None) -> dict:
     prompts = read_prompts(args.prompts, args.num_prompts)
     rows = []
     for spec in args.drafters:
-        assistant = resolve_assistant(spec, target) if not Path(spec).is_dir() else \
-            AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32).eval()
+        assistant = resolve_assistant(spec, target)  # shipped names, folders of any drafter kind (AutoDrafter), ngram...
         stats = hf_specdec.SpeculationStats()
         for prompt in tqdm(prompts, desc=spec, unit="prompt"):
             enc = encode_prompt(tokenizer, prompt, target.device)

@@ -67,7 +67,7 @@ def early_layers_draft_model(target, num_layers: int):
 
 def resolve_assistant(spec: str | None, target, target_name: str | None = None):
     """A drafter name (`ngram`, `self`), `layers:N` (a draft model cut from the target's first N layers, untrained),
-    a shipped drafter name (`distilled`, `medusa`, `medusa:chain`), a folder / Hub id of any drafter kind, or two of
+    a shipped drafter name (`distilled`, `medusa`, `medusa:chain`, `medusa:64` = a 64-node tree), a folder / Hub id of any drafter kind, or two of
     these joined by `+` (`ngram+distilled`: the first one's proposal when it has one, else the second's)."""
     if spec in (None, "", "best"):
         spec = best_assistant_name(target_name)
@@ -92,9 +92,9 @@ def resolve_assistant(spec: str | None, target, target_name: str | None = None):
         from .drafters import MedusaDrafter
         from .modeling_medusa import MedusaHeads
 
-        if not isinstance(drafter, MedusaHeads) or variant not in ("chain", "tree"):
-            raise ValueError(f"{spec!r}: only Medusa heads take a ':chain' or ':tree' suffix.")
-        return MedusaDrafter(drafter, tree="chain" if variant == "chain" else "default")
+        if not isinstance(drafter, MedusaHeads) or not (variant in ("chain", "tree") or variant.isdigit()):
+            raise ValueError(f"{spec!r}: only Medusa heads take a suffix: ':chain', ':tree' or ':N' (an N-node tree).")
+        return MedusaDrafter(drafter, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
     return drafter
 
 
@@ -209,7 +209,7 @@ def run_bench(
     assistant,
     prompts: list[str],
     max_new_tokens: int = 128,
-    num_draft_tokens: int = 5,
+    num_draft_tokens: int | list[int] = 5,
     do_sample: bool = False,
     temperature: float = 1.0,
     seed: int = 0,
@@ -220,8 +220,11 @@ def run_bench(
     adaptive: bool = False,
 ) -> dict:
     drafter = as_drafter(assistant)
+    # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
+    lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
+    cap = max(lengths)
     # transformers' assisted decoding is batch size 1 only
-    builtin = builtin_kwargs(assistant, num_draft_tokens) if batch_size == 1 else None
+    builtin = builtin_kwargs(assistant, cap) if batch_size == 1 and len(lengths) == 1 else None
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
@@ -231,14 +234,17 @@ def run_bench(
         if builtin is not None:
             runs.append(("transformers " + next(iter(builtin)), builtin))
         stats = {}
-        for name, length in [("hf_specdec", "constant")] + ([("hf_specdec adaptive", "adaptive")] if adaptive else []):
+        methods = [("hf_specdec" if len(lengths) == 1 else f"hf_specdec k={k}", "constant", k) for k in lengths]
+        if adaptive:
+            methods.append(("hf_specdec adaptive" if len(lengths) == 1 else f"hf_specdec adaptive k<={cap}", "adaptive", cap))
+        for name, policy, k in methods:
             stats[name] = SpeculationStats()
-            runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=length,
-                                    num_draft_tokens=num_draft_tokens, speculation_stats=stats[name])))
+            runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=policy,
+                                    num_draft_tokens=k, speculation_stats=stats[name])))
         return runs, stats
 
     runs, all_stats = method_runs()
-    spec_stats = all_stats["hf_specdec"]
+    spec_stats = next(iter(all_stats.values()))
     results = {name: MethodResult(name) for name, _ in runs}
     for name, st in all_stats.items():
         results[name].stats = st
@@ -272,9 +278,9 @@ def run_bench(
     finally:
         hook.remove()
 
-    costs = measure_target_costs(target, num_draft_tokens)
+    costs = measure_target_costs(target, cap)
     draft_ms = 1000 * spec_stats.draft_seconds / max(spec_stats.target_forwards, 1)
-    verify_ms = costs[f"target_forward_ms_{num_draft_tokens + 1}"]
+    verify_ms = costs[f"target_forward_ms_{cap + 1}"]
     costs["drafter_ms_per_step"] = draft_ms
     costs["break_even_mean_accepted_tokens"] = (draft_ms + verify_ms) / costs["target_forward_ms_1"]
     plain_tps = results["plain"].tokens_per_second
@@ -284,7 +290,8 @@ def run_bench(
             "assistant": assistant_name,
             "num_prompts": len(prompts),
             "max_new_tokens": max_new_tokens,
-            "num_draft_tokens": num_draft_tokens,
+            "num_draft_tokens": cap,
+            "draft_lengths": lengths,
             "do_sample": do_sample,
             "temperature": temperature if do_sample else None,
             "seed": seed,
@@ -318,7 +325,7 @@ def format_table(report: dict) -> str:
     rows.append(
         f"Costs: target forward 1 token {c['target_forward_ms_1']:.1f} ms, {k + 1} tokens "
         f"{c[f'target_forward_ms_{k + 1}']:.1f} ms (on a {c['context_tokens']}-token cache); drafter "
-        f"{c['drafter_ms_per_step']:.1f} ms per step; break-even at {c['break_even_mean_accepted_tokens']:.2f} "
+        f"{c['drafter_ms_per_step']:.1f} ms per step (first hf_specdec row); break-even at {c['break_even_mean_accepted_tokens']:.2f} "
         "tokens per target forward."
     )
     return "\n".join(rows)

@@ -14,6 +14,16 @@ DEMO_PROMPT = (
 )
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or a comma list of integers, got {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"draft lengths must be >= 1, got {text!r}")
+    return lengths
+
+
 def _threads(n: int | None) -> None:
     if n:
         torch.set_num_threads(n)
@@ -80,7 +90,8 @@ def bench(args) -> int:
     prompts = read_prompts(args.prompts, args.num_prompts)
     report = run_bench(
         target, tokenizer, assistant, prompts, max_new_tokens=args.max_new_tokens,
-        num_draft_tokens=args.num_draft_tokens, do_sample=args.do_sample, temperature=args.temperature,
+        num_draft_tokens=args.num_draft_tokens[0] if len(args.num_draft_tokens) == 1 else args.num_draft_tokens,
+        do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, assistant_name=assistant_name, target_name=args.target or "default",
         batch_size=args.batch_size, adaptive=args.adaptive,
     )
@@ -147,12 +158,14 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--num-draft-tokens", type=int, default=5)
+    p.add_argument("--num-draft-tokens", type=_lengths, default=[5],
+                   help="draft length cap; a comma list (1,2,3,5) runs one hf_specdec row per length, interleaved")
     p.add_argument("--do-sample", action="store_true")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (left-padded)")
-    p.add_argument("--adaptive", action="store_true", help="also run hf_specdec with draft_length='adaptive'")
+    p.add_argument("--adaptive", action="store_true",
+                   help="also run hf_specdec with draft_length='adaptive' (capped at the largest --num-draft-tokens)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=int, default=None)

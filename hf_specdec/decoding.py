@@ -357,6 +357,7 @@ def speculative_generate(
     while batch.size and input_ids.shape[1] < max_length:
         # Drafts past max_length could never be emitted: the step emits up to max_draft + 1 tokens.
         max_draft = min(policy.next_length(), max_length - int(batch.lengths.max()) - 1)
+        step_start, draft_before = time.perf_counter(), stats.draft_seconds
         emitted, num_emitted, raw_logits, scores, num_drafted = speculative_step(
             batch, drafter, target, max_draft, logits_processor, generation_config.do_sample, stats
         )
@@ -393,6 +394,9 @@ def speculative_generate(
                 drafter.accepted(batch.right_padded(), num_accepted, lengths=batch.lengths)
             else:
                 drafter.accepted(batch.row(0)[None], num_accepted)
+        if hasattr(policy, "record_costs"):  # policies that weigh acceptance against what a whole step costs
+            draft_seconds = stats.draft_seconds - draft_before
+            policy.record_costs(num_drafted, draft_seconds, time.perf_counter() - step_start - draft_seconds)
     for b, row in zip(batch.original_index, batch.rows):
         finished_rows[b] = row
 

@@ -1,14 +1,22 @@
-"""How many tokens to draft at each step: a constant, or adapted to what the target has been accepting.
+"""How many tokens to draft at each step: a constant, or chosen from what this run has measured.
 
-`num_draft_tokens` is always the cap. The adaptive policy moves the step's draft length up by one after a step whose
-drafts were all accepted and down by one after a rejection, and asks drafters that know their confidence (draft models)
-to stop early when their top probability falls below `confidence_threshold`. The stop decision depends only on the
-drafter's distribution before a token is drawn, so sampling stays exact.
+`num_draft_tokens` is always the cap. The adaptive policy picks, before each step, the draft length k in [0, cap]
+that maximises expected tokens per second:
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k        (tokens a step emits; a_i = P(draft i accepted | i-1 was))
+    T(k) = k * (drafting time per token) + (the rest of a step whose forward verifies k + 1 tokens)
+
+with a_i counted from the accepted prefixes so far (recent steps weigh more; apart after a fully accepted step, as
+acceptance comes in runs) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a drafter that does not pay costs little; now and then the policy tries
+a length next to its choice, so that its estimates follow the text and the machine. Drafters that know their confidence (draft
+models) also stop a step early when their top probability falls below `confidence_threshold`; that decision depends
+only on the drafter's distribution before a token is drawn, and the length choice only on past steps, so sampling
+stays exact. Pass one `AdaptiveDraftLength()` object to several `generate()` calls to keep what it learned.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -29,25 +37,94 @@ class ConstantDraftLength:
 
 @dataclass
 class AdaptiveDraftLength:
-    """+1 after a fully accepted step, -1 after a rejection, within [min_length, cap]; confidence early stop."""
+    """The draft length with the most expected tokens per second, from measured acceptance and step costs."""
 
     confidence_threshold: float | None = 0.3
-    min_length: int = 1
+    #: weight kept by past steps at each new one (recent acceptance matters more: prose vs code, a copied span...)
+    decay: float = 0.95
+    #: every this many steps, try a length next to the best one instead, so that its estimates stay current
+    explore_every: int = 16
+    # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
+    # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
+    accepted: dict = field(default_factory=lambda: {True: [], False: []})
+    drafted: dict = field(default_factory=lambda: {True: [], False: []})
+    in_run: bool = False
+    verify_seconds: dict[int, float] = field(default_factory=dict)  # tokens in the verification forward -> seconds
+    draft_seconds_per_token: float | None = None
+    steps: int = 0
 
     def start(self, cap: int) -> None:
         self.cap = cap
-        self.current = cap
+        self.first_step = True  # its forward also reads the prompt: not timed
 
     def next_length(self) -> int:
-        return self.current
+        self.steps += 1
+        if self.first_step or not self.verify_seconds:
+            return self.cap  # learn acceptance first (the first step's forward also reads the prompt)
+        if 1 not in self.verify_seconds:
+            return 0  # the cost of a plain step, to compare every length with
+        expected = self.expected_tokens()
+        best = max(range(self.cap + 1), key=lambda k: expected[k] / self.step_seconds(k))
+        if self.steps % self.explore_every == 0:  # now and then a neighbour, so its acceptance and cost stay current
+            neighbour = best + (1 if (self.steps // self.explore_every) % 2 else -1)
+            best = neighbour if 0 <= neighbour <= self.cap else best
+        return best
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted == 0:
             return
-        if num_accepted == num_drafted:
-            self.current = min(self.cap, self.current + 1)
+        drafted, accepted = self.drafted[self.in_run], self.accepted[self.in_run]
+        while len(drafted) < num_drafted:
+            drafted.append(0.0)
+            accepted.append(0.0)
+        for i in range(len(drafted)):
+            drafted[i] *= self.decay
+            accepted[i] *= self.decay
+        for i in range(min(num_drafted, num_accepted + 1)):  # positions past the first rejection were not tried
+            drafted[i] += 1
+            accepted[i] += int(i < num_accepted)
+        self.in_run = num_accepted == num_drafted
+
+    def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Called by the loop after each step: its drafting time, and the rest (verification forward, acceptance,
+        cache roll-back and bookkeeping)."""
+        if self.first_step:
+            self.first_step = False
+            return
+        n = num_drafted + 1
+        old = self.verify_seconds.get(n)
+        self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
+        if num_drafted:
+            per_token = draft_seconds / num_drafted
+            old = self.draft_seconds_per_token
+            self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
+
+    def expected_tokens(self) -> list[float]:
+        """E(k) for k = 0..cap in the current state (after a fully accepted step or not). Each a_i gets two
+        pseudo-steps at the previous position's estimate (0.5 for the first), so positions rarely tried fall back on
+        their neighbour."""
+        expected, reach, a = [1.0], 1.0, 0.5
+        counts = self.drafted[self.in_run], self.accepted[self.in_run]
+        for i in range(self.cap):
+            drafted, accepted = (c[i] if i < len(c) else 0.0 for c in counts)
+            a = (accepted + 2 * a) / (drafted + 2)
+            reach *= a
+            expected.append(expected[-1] + reach)
+        return expected
+
+    def step_seconds(self, k: int) -> float:
+        """Drafting plus verification time of a step with k drafts; verification times in between measured lengths
+        are interpolated, beyond them the nearest one is used."""
+        n, known = k + 1, sorted(self.verify_seconds)
+        below = [m for m in known if m <= n]
+        above = [m for m in known if m >= n]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            w = 0.0 if hi == lo else (n - lo) / (hi - lo)
+            verify = (1 - w) * self.verify_seconds[lo] + w * self.verify_seconds[hi]
         else:
-            self.current = max(self.min_length, self.current - 1)
+            verify = self.verify_seconds[(below or above)[-1 if below else 0]]
+        return k * (self.draft_seconds_per_token or 0.0) + verify
 
 
 def as_draft_length_policy(value):

@@ -30,7 +30,9 @@ MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
 class MedusaConfig(PreTrainedConfig):
     r"""num_heads: K (head i predicts the token i + 2 ahead). num_layers: residual blocks per head. share_lm_head: heads
     end in the target's LM head (True) or in their own (False). target_name_or_path / target_quantization: what the
-    heads were trained for; training / measured: how, and the acceptance measured."""
+    heads were trained for; training / measured: how, and the acceptance measured. head_accuracy[i][r]: how often
+    head i's r-th most likely token was the target's, on held-out data (what `MedusaDrafter(heads, tree=N)` builds its
+    N-node tree from)."""
 
     model_type = MEDUSA_MODEL_TYPE
 
@@ -46,6 +48,7 @@ class MedusaConfig(PreTrainedConfig):
     num_draft_tokens_eval: int = 4
     training: dict | None = None
     measured: dict | None = None
+    head_accuracy: list | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_heads < 1 or self.num_layers < 0:

@@ -59,3 +59,18 @@ def test_bench_sampling_mode(folders):
     report = json.loads(out_json.read_text())
     assert all(m["identical_to_plain"] is None for m in report["methods"])
     assert report["settings"]["do_sample"] is True
+
+
+def test_bench_sweeps_draft_lengths_and_adaptive(folders):
+    root, prompts = folders
+    out_json = root / "sweep.json"
+    assert main(["bench", "--target", str(root / "target"), "--assistant", str(root / "drafter"), "--prompts", str(prompts),
+                 "--num-prompts", "2", "--max-new-tokens", "12", "--num-draft-tokens", "1,3", "--adaptive",
+                 "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec k=1", "hf_specdec k=3", "hf_specdec adaptive k<=3"]
+    assert all(m["identical_to_plain"] for m in report["methods"])
+    assert len(report["methods"][1]["acceptance_by_position"]) == 1
+    assert report["settings"]["draft_lengths"] == [1, 3]
+    with pytest.raises(SystemExit):
+        main(["bench", "--prompts", str(prompts), "--num-draft-tokens", "0,2"])

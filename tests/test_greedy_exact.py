@@ -126,21 +126,29 @@ def test_adaptive_draft_length_is_exact(arch_name):
     assert stats.drafted_by_position[0] > stats.drafted_by_position[-1]
 
 
-def test_adaptive_policy_moves_within_bounds():
+def test_adaptive_policy_weighs_acceptance_against_step_cost():
     from hf_specdec.draft_length import AdaptiveDraftLength, as_draft_length_policy
 
-    policy = AdaptiveDraftLength(min_length=1)
-    policy.start(4)
-    assert policy.next_length() == 4
-    policy.update(4, 1)
-    policy.update(3, 0)
-    policy.update(2, 0)
-    policy.update(1, 0)
-    assert policy.next_length() == 1
-    policy.update(1, 1)
-    assert policy.next_length() == 2
-    for _ in range(5):
-        policy.update(policy.next_length(), policy.next_length())
-    assert policy.next_length() == 4
+    def run(accept_prob, draft_cost, verify_cost, steps=200, cap=6):
+        """Simulated steps: each draft accepted with accept_prob; costs in seconds."""
+        gen = torch.Generator().manual_seed(0)
+        policy = AdaptiveDraftLength(confidence_threshold=None)
+        policy.start(cap)
+        chosen = []
+        for _ in range(steps):
+            k = policy.next_length()
+            assert 0 <= k <= cap
+            chosen.append(k)
+            accepted = 0
+            while accepted < k and torch.rand((), generator=gen) < accept_prob:
+                accepted += 1
+            policy.update(k, accepted)
+            policy.record_costs(k, k * draft_cost, verify_cost(k + 1))
+        return max(set(chosen[50:]), key=chosen[50:].count)  # the length it settles on
+
+    flat = lambda n: 0.1  # noqa: E731  (verification as cheap for 7 tokens as for 1: a GPU)
+    assert run(0.9, 0.001, flat) == 6  # good cheap drafts: draft to the cap
+    assert run(0.05, 0.05, lambda n: 0.1 * n) == 0  # bad, costly drafts: plain steps
+    assert run(0.7, 0.0, lambda n: 0.1 + 0.05 * (n - 1)) in (1, 2, 3)  # a cost that grows with width: in between
     with pytest.raises(ValueError, match="draft_length must be"):
         as_draft_length_policy("sometimes")

@@ -135,7 +135,9 @@ def test_tree_forward_matches_plain_forwards_of_each_path(one_thread):
 def test_medusa_tree_greedy_identical(make_target, one_thread):
     target = make_target(vocab=16, seed=0)
     heads = noisy_heads(target, num_heads=4)
-    trees = {"default": "default", "wide": [[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]], "deep": [[0], [0, 0], [0, 0, 0]]}
+    trees = {"default": "default", "wide": [[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]], "deep": [[0], [0, 0], [0, 0, 0]],
+             "calibrated": 12}
+    heads.config.head_accuracy = [[0.4, 0.2, 0.1, 0.05], [0.3, 0.1, 0.05, 0.01], [0.2, 0.1, 0.05, 0.01], [0.2, 0.1, 0.0, 0.0]]
     for name, tree in trees.items():
         drafter = MedusaDrafter(heads, tree=tree)
         stats = SpeculationStats()
@@ -173,9 +175,29 @@ def test_medusa_tree_sampling_matches_target(one_thread):
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 
+def test_best_tree_takes_the_most_likely_nodes():
+    import itertools
+
+    from hf_specdec.drafters.medusa import best_tree, tree_parents
+
+    gen = torch.Generator().manual_seed(0)
+    accuracy = (torch.rand(3, 4, generator=gen) * 0.5).sort(dim=1, descending=True).values.tolist()
+    value = lambda path: torch.tensor([accuracy[d][r] for d, r in enumerate(path)]).prod().item()  # noqa: E731
+    every = [p for d in (1, 2, 3) for p in itertools.product(range(4), repeat=d)]
+    for n in (1, 5, 20, 40):
+        tree = best_tree(accuracy, n)
+        assert len(tree) == n and len(set(tree)) == n
+        tree_parents(tree)  # every parent is in the tree
+        # brute force: no node outside the tree is more likely than the least likely node in it
+        outside = max(value(p) for p in every if p not in tree)
+        assert min(value(p) for p in tree) >= outside - 1e-9
+
+
 def test_bad_trees_are_refused():
     target = tiny_llama()
     heads = noisy_heads(target, num_heads=2)
+    with pytest.raises(ValueError, match="measured accuracy"):
+        MedusaDrafter(heads, tree=8)  # no config.head_accuracy
     with pytest.raises(ValueError, match="lack their parent"):
         MedusaDrafter(heads, tree=[[0], [1, 0]])
     with pytest.raises(ValueError, match="deeper than"):

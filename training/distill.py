@@ -855,6 +855,21 @@ def top1_hits(logits: torch.Tensor, tgt_ids: torch.Tensor, model) -> tuple[int, 
 
 
 @torch.no_grad()
+def medusa_head_accuracy(heads, heldout: "TeacherData", pad: int, ranks: int = 16) -> list[list[float]]:
+    """[head][rank]: how often head i's r-th most likely token is the target's top-1 at its position, on held-out
+    data. `MedusaDrafter(heads, tree=N)` builds its N most likely nodes from this (saved as config.head_accuracy)."""
+    batch = collate([heldout.record(i) for i in range(len(heldout))], pad)
+    rows = []
+    for i in range(heads.config.num_heads):
+        source, teacher = medusa_pairs(batch["positions"], i)
+        features = batch["features"][source].to(heads.device)
+        top = heads(features, heads=[i])[:, 0].topk(ranks, dim=-1).indices.cpu()
+        truth = batch["tgt_ids"][teacher][:, 0]
+        rows.append([round(float(x), 5) for x in (top == truth[:, None]).float().mean(0)])
+    return rows
+
+
+@torch.no_grad()
 def drafter_sample(model, prompts: list[torch.Tensor], max_new: int, temperature: float, eos: list[int], pad: int):
     """On-policy continuations: the drafter samples (left padding, its own KV cache). Returns new tokens per prompt."""
     width = max(len(p) for p in prompts)
@@ -1159,6 +1174,10 @@ def main(argv=None) -> dict:
             if is_main:
                 plain.config.measured = {**metrics, "step": state.step}
                 plain.config.training = training_info(state.step)
+                if isinstance(plain, MedusaHeads):
+                    was_training = plain.training
+                    plain.config.head_accuracy = medusa_head_accuracy(plain.eval(), heldout, tokenizer.pad_token_id)
+                    plain.train(was_training)
                 save_drafter(plain, output_dir / "checkpoints" / "best")
         accelerator.wait_for_everyone()
         return metrics

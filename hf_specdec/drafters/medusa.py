@@ -6,12 +6,18 @@ call and no KV cache of its own. The first step has no hidden state yet, so it p
 
 - `tree="chain"`: the heads' top-1 tokens (sampling: one draw from each head's processed distribution, reported as q,
   so the usual rejection rule stays exact).
-- a tree (the default, `DEFAULT_TREE`, or your own list of paths): node (r1, ..., rd) is the r_d-th most likely token of
-  head d under node (r1, ..., r_{d-1}); the loop verifies the whole tree in ONE target forward with a tree attention
-  mask and keeps the longest accepted path (greedy) or runs recursive rejection over siblings (sampling: exact).
+- a tree: node (r1, ..., rd) is the r_d-th most likely token of head d under node (r1, ..., r_{d-1}); the loop
+  verifies the whole tree in ONE target forward with a tree attention mask and keeps the longest accepted path
+  (greedy) or runs recursive rejection over siblings (sampling: exact). `tree=N` builds the N nodes most likely to be
+  accepted from the heads' measured accuracy (`config.head_accuracy`, written by training; as Medusa builds its
+  trees), `tree="default"` is the 7-node one of them (or `DEFAULT_TREE` for heads without measurements), or pass your
+  own list of paths. Bigger trees accept more per forward but make that forward wider: on a CPU a 64-node forward
+  costs several decode steps, on a GPU about one.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -23,6 +29,24 @@ from .features import TargetFeatures
 #: top-k ranks per depth: 3 first tokens, 2 continuations of the best, 1 of the second, the top-1 chain to depth 3.
 #: Seven nodes: with the root, an 8-row verification forward, the largest the CPU small-M path speeds up.
 DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+
+
+def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
+    """The `num_nodes` paths most likely to be accepted, taking heads as independent: node (r1..rd) is accepted with
+    probability prod_i head_accuracy[i][r_i]. Best-first search, so every path's parent is in the tree."""
+    if not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"A Medusa tree needs at least one node, got {num_nodes!r}.")
+    acc = [list(map(float, row)) for row in head_accuracy]
+    frontier = [(-p, (r,)) for r, p in enumerate(acc[0])]
+    heapq.heapify(frontier)
+    tree = []
+    while frontier and len(tree) < num_nodes:
+        neg_p, path = heapq.heappop(frontier)
+        tree.append(path)
+        if len(path) < len(acc):
+            for r, p in enumerate(acc[len(path)]):
+                heapq.heappush(frontier, (neg_p * p, path + (r,)))
+    return tree
 
 
 def tree_parents(paths) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
@@ -48,8 +72,14 @@ class MedusaDrafter(Drafter):
             raise TypeError(f"MedusaDrafter needs MedusaHeads, got {type(heads).__name__}.")
         self.heads = heads.eval()
         self.default_num_draft_tokens = heads.config.num_heads
-        if tree == "default":  # cut to the heads there are
-            tree = [p for p in DEFAULT_TREE if len(p) <= heads.config.num_heads]
+        accuracy = heads.config.head_accuracy
+        if tree == "default":
+            tree = len(DEFAULT_TREE) if accuracy else [p for p in DEFAULT_TREE if len(p) <= heads.config.num_heads]
+        if isinstance(tree, int) and not isinstance(tree, bool):
+            if not accuracy:
+                raise ValueError(f"tree={tree} builds a tree from the heads' measured accuracy, which these heads lack "
+                                 "(config.head_accuracy); pass a list of paths instead, or retrain with training/distill.py.")
+            tree = best_tree(accuracy, tree)
         self.tree = None if tree == "chain" else tree_parents(tree)
         if self.tree is not None and max(len(p) for p in self.tree[1]) > heads.config.num_heads:
             raise ValueError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
