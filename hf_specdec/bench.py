@@ -218,13 +218,15 @@ def run_bench(
     max_prompt_tokens: int = 1024,
     batch_size: int = 1,
     adaptive: bool = False,
+    more_assistants: list[tuple[str, object]] = (),
 ) -> dict:
-    drafter = as_drafter(assistant)
+    """`more_assistants`: (name, assistant) pairs compared in the same interleaved run, one row each."""
+    drafters = [(assistant_name, as_drafter(assistant))] + [(n, as_drafter(a)) for n, a in more_assistants]
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
     # transformers' assisted decoding is batch size 1 only
-    builtin = builtin_kwargs(assistant, cap) if batch_size == 1 and len(lengths) == 1 else None
+    builtin = builtin_kwargs(assistant, cap) if batch_size == 1 and len(lengths) == 1 and len(drafters) == 1 else None
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
@@ -234,13 +236,15 @@ def run_bench(
         if builtin is not None:
             runs.append(("transformers " + next(iter(builtin)), builtin))
         stats = {}
-        methods = [("hf_specdec" if len(lengths) == 1 else f"hf_specdec k={k}", "constant", k) for k in lengths]
-        if adaptive:
-            methods.append(("hf_specdec adaptive" if len(lengths) == 1 else f"hf_specdec adaptive k<={cap}", "adaptive", cap))
-        for name, policy, k in methods:
-            stats[name] = SpeculationStats()
-            runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=policy,
-                                    num_draft_tokens=k, speculation_stats=stats[name])))
+        for drafter_name, drafter in drafters:
+            prefix = "hf_specdec" if len(drafters) == 1 else f"hf_specdec {drafter_name}"
+            methods = [(prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
+            if adaptive:
+                methods.append((f"{prefix} adaptive" if len(lengths) == 1 else f"{prefix} adaptive k<={cap}", "adaptive", cap))
+            for name, policy, k in methods:
+                stats[name] = SpeculationStats()
+                runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=policy,
+                                        num_draft_tokens=k, speculation_stats=stats[name])))
         return runs, stats
 
     runs, all_stats = method_runs()
@@ -287,7 +291,7 @@ def run_bench(
     return {
         "settings": {
             "target": target_name,
-            "assistant": assistant_name,
+            "assistant": ",".join(name for name, _ in drafters),
             "num_prompts": len(prompts),
             "max_new_tokens": max_new_tokens,
             "num_draft_tokens": cap,

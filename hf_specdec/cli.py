@@ -85,15 +85,17 @@ def bench(args) -> int:
 
     _threads(args.threads)
     target, tokenizer = resolve_target(args.target)
-    assistant_name = args.assistant or "best"
-    assistant = resolve_assistant(args.assistant, target, args.target)
+    names = (args.assistant or "best").split(",")  # several drafters: one row each, in the same interleaved run
+    assistant_name = names[0]
+    assistant = resolve_assistant(None if names[0] == "best" else names[0], target, args.target)
+    more = [(name, resolve_assistant(name, target, args.target)) for name in names[1:]]
     prompts = read_prompts(args.prompts, args.num_prompts)
     report = run_bench(
         target, tokenizer, assistant, prompts, max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens[0] if len(args.num_draft_tokens) == 1 else args.num_draft_tokens,
         do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, assistant_name=assistant_name, target_name=args.target or "default",
-        batch_size=args.batch_size, adaptive=args.adaptive,
+        batch_size=args.batch_size, adaptive=args.adaptive, more_assistants=more,
     )
     report["settings"]["prompts"] = args.prompts
     report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
     p.add_argument("--assistant", default=None,
-                   help="ngram, self, layers:N, a shipped drafter name, a folder or Hub id (default: the best available)")
+                   help="ngram, self, layers:N, a shipped drafter name, a folder or Hub id (default: the best available); "
+                        "a comma list compares several in one run")
     p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)

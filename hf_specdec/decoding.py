@@ -8,17 +8,26 @@ ONE target forward, accept a prefix by an exact rule, roll the cache back, appen
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .draft_length import as_draft_length_policy
+from .draft_length import policy_for_call
 from .ragged_cache import RaggedKV
 from .drafters import Draft, Drafter, as_drafter
 from .drafters.per_row import PerRowDrafter
-from .verification import greedy_accept, greedy_accept_tree, one_hot_probs, rejection_sample, rejection_sample_tree
+from .verification import (
+    greedy_accept,
+    greedy_accept_tree,
+    one_hot_probs,
+    rejection_sample,
+    rejection_sample_tree,
+    typical_accept,
+    typical_accept_tree,
+)
 
 _MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
 
@@ -117,6 +126,31 @@ def validate_request(model, input_ids, generation_config, assistant, num_draft_t
     return drafter, k
 
 
+@dataclass(frozen=True)
+class AcceptRule:
+    """The verification rule of a call: greedy and rejection sampling are exact; `typical` = (threshold, alpha) is
+    Medusa's lossy typical acceptance, used only when asked for."""
+
+    do_sample: bool
+    typical: tuple[float, float] | None = None
+
+
+def accept_rule(verification: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
+    if verification == "exact":
+        return AcceptRule(bool(generation_config.do_sample))
+    if verification != "typical":
+        raise ValueError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification!r}.")
+    if not generation_config.do_sample:
+        raise ValueError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
+                         "(drop verification= or pass do_sample=True).")
+    if not (0 <= threshold <= 1) or alpha < 0:
+        raise ValueError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
+                         f"(got {threshold}, {alpha}).")
+    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
+                  "(Medusa's typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=3)
+    return AcceptRule(True, (float(threshold), float(alpha)))
+
+
 def validate_batch(model, drafter: Drafter, batch_size: int, generation_config, cache) -> None:
     """What batch > 1 needs beyond batch 1 (see the design note in ragged_cache.py)."""
     if batch_size == 1:
@@ -131,7 +165,7 @@ def validate_batch(model, drafter: Drafter, batch_size: int, generation_config, 
         raise ValueError("Batched generation needs a pad token: set pad_token_id.")
 
 
-def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_processor, do_sample, stats):
+def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_processor, rule: AcceptRule, stats):
     """One step for every active row: draft, verify in ONE target forward, accept a prefix per row, roll back.
 
     Returns `(emitted [B, k+1], num_emitted [B], raw_logits [B, k+1, V], scores [B, k+1, V], num_drafted)`; row b
@@ -141,7 +175,7 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     t0 = time.perf_counter()
     draft: Draft = drafter_propose(drafter, batch, max_draft)
     if draft.parents is not None and draft.num_tokens:
-        return tree_step(batch, drafter, draft, target, logits_processor, do_sample, stats, t0)
+        return tree_step(batch, drafter, draft, target, logits_processor, rule, stats, t0)
     k = draft.num_tokens
     num_valid = draft.num_valid if draft.num_valid is not None else torch.full_like(batch.lengths, k)
     t1 = time.perf_counter()
@@ -151,7 +185,10 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     valid = torch.arange(k, device=num_valid.device)[None] < num_valid[:, None]
     new_ids = torch.cat([pending, draft.tokens], dim=1)
     new_valid = torch.cat([pending_valid, valid], dim=1)
-    raw_logits = target.forward(new_ids, new_valid, k + 1)
+    if drafter.shares_target_cache:  # self-speculation: the drafter already ran the first layers for its drafts
+        raw_logits = drafter.verify(target, new_ids, new_valid, k + 1)
+    else:
+        raw_logits = target.forward(new_ids, new_valid, k + 1)
     if drafter.uses_target_hidden:  # feature drafters (EAGLE, Medusa) read what this forward computed
         drafter.observe_target(target.last_hidden, new_valid)
     scores = raw_logits.clone()
@@ -165,7 +202,9 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     stats.target_seconds += time.perf_counter() - t1
 
     # 3. Accept a prefix per row by an exact rule; the next token always comes from the target.
-    if do_sample:
+    if rule.typical:
+        num_accepted, next_token = typical_accept(draft.tokens, scores.softmax(dim=-1), *rule.typical, num_valid=num_valid)
+    elif rule.do_sample:
         q = draft.probs if draft.probs is not None else one_hot_probs(draft.tokens, scores.shape[-1])
         num_accepted, next_token = rejection_sample(draft.tokens, q, scores.softmax(dim=-1), num_valid=num_valid)
     else:
@@ -180,7 +219,7 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     return emitted, num_accepted + 1, raw_logits, scores, k
 
 
-def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, do_sample, stats, t0):
+def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, rule: AcceptRule, stats, t0):
     """`speculative_step` for a tree of candidates: ONE forward with a tree attention mask, then per row the longest
     accepted root-to-node path (greedy), or recursive rejection over siblings (sampling); the cache keeps that path.
     Returns the same as `speculative_step`, with scores / logits in the order of the emitted tokens."""
@@ -204,9 +243,12 @@ def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, do_samp
 
     paths, next_tokens = [], []
     for b in range(batch.size):
-        rule = rejection_sample_tree if do_sample else greedy_accept_tree
-        row_scores = scores[b].softmax(dim=-1) if do_sample else scores[b]
-        path, next_token = rule(tokens[b], parents, row_scores)
+        if rule.typical:
+            path, next_token = typical_accept_tree(tokens[b], parents, scores[b].softmax(dim=-1), *rule.typical)
+        elif rule.do_sample:
+            path, next_token = rejection_sample_tree(tokens[b], parents, scores[b].softmax(dim=-1))
+        else:
+            path, next_token = greedy_accept_tree(tokens[b], parents, scores[b])
         paths.append(path)
         next_tokens.append(next_token)
     keep = torch.zeros(batch.size, size, dtype=torch.bool, device=tokens.device)
@@ -300,6 +342,9 @@ def speculative_generate(
     draft_length="constant",
     fast_cpu_verify: bool = True,
     hf_specdec_streamer=None,
+    verification: str = "exact",
+    typical_threshold: float = 0.09,
+    typical_alpha: float = 0.3,
     **model_kwargs,
 ):
     """Exact speculative decoding, used as `model.generate(..., custom_generate=speculative_generate, assistant=...)`.
@@ -308,10 +353,13 @@ def speculative_generate(
     has exactly the target's distribution (after every logits processor and warper `generate()` built). Extra
     arguments: `assistant` (draft model, Drafter, 'ngram' or CandidateGenerator), `num_draft_tokens` (max drafts per
     step), `speculation_stats` (a `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a
-    policy, see `draft_length.py`; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`).
+    policy, see `draft_length.py`; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`),
+    `verification` ('exact', or 'typical': Medusa's typical acceptance with `typical_threshold` / `typical_alpha`,
+    sampling only, LOSSY: faster, but the output no longer has exactly the target's distribution).
     """
     drafter, k = validate_request(model, input_ids, generation_config, assistant, num_draft_tokens)
-    policy = as_draft_length_policy(draft_length)
+    rule = accept_rule(verification, generation_config, typical_threshold, typical_alpha)
+    policy = policy_for_call(draft_length, assistant, model, input_ids.shape[0])
     unsupported = set(key for key, v in model_kwargs.items() if v is not None) - _MODEL_KWARGS_HANDLED
     if unsupported:
         raise ValueError(f"Speculative decoding does not support these generate() inputs: {sorted(unsupported)}.")
@@ -342,6 +390,8 @@ def speculative_generate(
         drafter.start(model, input_ids, generation_config, logits_processor)
     cache.activate_past_recording()
     target = RaggedKV(model, cache, attention_mask[:, :0], fast_cpu_verify, capture_hidden=drafter.uses_target_hidden)
+    if drafter.shares_target_cache:
+        drafter.share_target_cache(target)
 
     want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     want_logits = generation_config.return_dict_in_generate and generation_config.output_logits
@@ -359,7 +409,7 @@ def speculative_generate(
         max_draft = min(policy.next_length(), max_length - int(batch.lengths.max()) - 1)
         step_start, draft_before = time.perf_counter(), stats.draft_seconds
         emitted, num_emitted, raw_logits, scores, num_drafted = speculative_step(
-            batch, drafter, target, max_draft, logits_processor, generation_config.do_sample, stats
+            batch, drafter, target, max_draft, logits_processor, rule, stats
         )
         policy.update(num_drafted, int(num_emitted.min()) - 1)
         done = []

@@ -11,11 +11,14 @@ acceptance comes in runs) and both times measured on the steps themselves. k = 0
 a length next to its choice, so that its estimates follow the text and the machine. Drafters that know their confidence (draft
 models) also stop a step early when their top probability falls below `confidence_threshold`; that decision depends
 only on the drafter's distribution before a token is drawn, and the length choice only on past steps, so sampling
-stays exact. Pass one `AdaptiveDraftLength()` object to several `generate()` calls to keep what it learned.
+stays exact — but since step lengths depend on measured times, a fixed seed no longer reproduces the same sample
+(use the default constant length for that). "adaptive" keeps what it learned for the same assistant object, target
+and batch size across `generate()` calls; or pass your own `AdaptiveDraftLength()` object.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 
@@ -88,12 +91,11 @@ class AdaptiveDraftLength:
     def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Called by the loop after each step: its drafting time, and the rest (verification forward, acceptance,
         cache roll-back and bookkeeping)."""
-        if self.first_step:
-            self.first_step = False
-            return
-        n = num_drafted + 1
-        old = self.verify_seconds.get(n)
-        self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
+        first, self.first_step = self.first_step, False
+        if not first:  # the first step's forward also reads the prompt: its verification time says nothing
+            n = num_drafted + 1
+            old = self.verify_seconds.get(n)
+            self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
         if num_drafted:
             per_token = draft_seconds / num_drafted
             old = self.draft_seconds_per_token
@@ -125,6 +127,22 @@ class AdaptiveDraftLength:
         else:
             verify = self.verify_seconds[(below or above)[-1 if below else 0]]
         return k * (self.draft_seconds_per_token or 0.0) + verify
+
+
+#: what "adaptive" learned, per assistant object and (target, batch size), so later calls start from it
+_LEARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def policy_for_call(value, assistant, model, batch_size: int):
+    """The policy a `generate()` call uses. For "adaptive" with an assistant object (a model or a Drafter, not a
+    name), the same policy object as that assistant's previous calls on this target and batch size."""
+    if value == "adaptive" and not isinstance(assistant, str):
+        try:
+            learned = _LEARNED.setdefault(assistant, {})
+        except TypeError:  # not weak-referenceable
+            return AdaptiveDraftLength()
+        return learned.setdefault((id(model), batch_size), AdaptiveDraftLength())
+    return as_draft_length_policy(value)
 
 
 def as_draft_length_policy(value):

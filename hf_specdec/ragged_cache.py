@@ -50,6 +50,11 @@ class RaggedKV:
     def slots(self) -> int:
         return self.slot_mask.shape[1]
 
+    def append_slots(self, valid: torch.Tensor) -> None:
+        """Record new slots that something else wrote into the cache (a drafter running the target's layers)."""
+        self.slot_mask = torch.cat([self.slot_mask, valid.long()], dim=1)
+        self.has_holes = self.has_holes or not bool(valid.all())
+
     def forward(self, new_ids: torch.Tensor, valid: torch.Tensor, num_logits: int, **extra) -> torch.Tensor:
         """Feed `new_ids` [B, m] (`valid` [B, m] marks real tokens); return the last `num_logits` logits in float32."""
         real_before = self.slot_mask.sum(dim=1, keepdim=True)

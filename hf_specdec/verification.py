@@ -112,21 +112,27 @@ def greedy_accept_tree(tokens: torch.Tensor, parents: torch.Tensor, target_score
     the accepted node indices in order, and the target's own token after the path's last node.
     """
     choice = target_scores.argmax(dim=-1)
-    parent_row = parents + 1  # the scores row each node's token is predicted from
-    correct = tokens == choice[parent_row]
-    best, best_depth, ok = -1, 0, {}
-    depth = tree_depths(parents)
-    for i, parent in enumerate(parents.tolist()):
-        ok[i] = bool(correct[i]) and (parent < 0 or ok[parent])
-        if ok[i] and int(depth[i]) > best_depth:
-            best, best_depth = i, int(depth[i])
-    path = []
-    node = best
+    best = _longest_path(parents, tokens == choice[parents + 1])  # row parent + 1 predicted each node's token
+    return _path_to(best, parents), int(choice[best + 1])
+
+
+def _longest_path(parents: torch.Tensor, node_ok: torch.Tensor) -> int:
+    """The deepest node whose path from the root is all `node_ok` (-1: none); the first such node on ties."""
+    ok, depth, best, best_depth = [], [], -1, 0
+    for i, (parent, good) in enumerate(zip(parents.tolist(), node_ok.tolist())):
+        ok.append(good and (parent < 0 or ok[parent]))
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+        if ok[i] and depth[i] > best_depth:
+            best, best_depth = i, depth[i]
+    return best
+
+
+def _path_to(node: int, parents: torch.Tensor) -> list[int]:
+    up, path = parents.tolist(), []
     while node >= 0:
         path.append(node)
-        node = int(parents[node])
-    path.reverse()
-    return path, int(choice[best + 1])
+        node = up[node]
+    return path[::-1]
 
 
 def rejection_sample_tree(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor, generator=None):
@@ -154,3 +160,34 @@ def rejection_sample_tree(tokens: torch.Tensor, parents: torch.Tensor, target_pr
             p = residual_distribution(p[None], one_hot_probs(tokens[child : child + 1], p.shape[-1])[0][None])[0]
         else:
             return path, int(torch.multinomial(p, 1, generator=generator))
+
+
+# --- Medusa's typical acceptance: LOSSY, only when asked for (`verification="typical"`).
+
+
+def typical_bar(target_probs: torch.Tensor, threshold: float, alpha: float) -> torch.Tensor:
+    """min(threshold, alpha * exp(-entropy)) of each distribution: a token above it counts as 'typical'."""
+    entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(dim=-1)
+    return torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
+
+
+def typical_accept(draft_tokens, target_probs, threshold: float, alpha: float, generator=None, num_valid=None):
+    """Medusa-style typical acceptance (Cai et al. 2024), NOT exact: draft i is accepted when the target gives it
+    probability above `typical_bar` and every draft before it was accepted; the next token is drawn from the target's
+    distribution after the accepted prefix. The output follows the target only approximately (typical tokens pass
+    even when they are unlikely under sampling); use it for speed when exactness is not needed."""
+    batch, k = draft_tokens.shape
+    p_of_draft = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    ok = (p_of_draft > typical_bar(target_probs[:, :k], threshold, alpha)) & _within(num_valid, batch, k, draft_tokens.device)
+    num_accepted = ok.long().cumprod(dim=-1).sum(dim=-1)
+    p_next = target_probs.gather(1, num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])).squeeze(1)
+    return num_accepted, torch.multinomial(p_next, 1, generator=generator).squeeze(1)
+
+
+def typical_accept_tree(tokens, parents, target_probs, threshold: float, alpha: float, generator=None):
+    """`typical_accept` on a tree (LOSSY): the deepest node whose path is all typical, then a draw from the target
+    after it. `target_probs` is `[T + 1, V]` (row 0 follows the root). Returns `(path, next_token)`."""
+    rows = parents + 1
+    p_of_node = target_probs[rows].gather(-1, tokens[:, None]).squeeze(-1)
+    best = _longest_path(parents, p_of_node > typical_bar(target_probs, threshold, alpha)[rows])
+    return _path_to(best, parents), int(torch.multinomial(target_probs[best + 1], 1, generator=generator))

@@ -74,3 +74,14 @@ def test_bench_sweeps_draft_lengths_and_adaptive(folders):
     assert report["settings"]["draft_lengths"] == [1, 3]
     with pytest.raises(SystemExit):
         main(["bench", "--prompts", str(prompts), "--num-draft-tokens", "0,2"])
+
+
+def test_bench_compares_several_drafters_in_one_run(folders):
+    root, prompts = folders
+    out_json = root / "several.json"
+    assert main(["bench", "--target", str(root / "target"), "--assistant", f"ngram,{root / 'drafter'}", "--prompts",
+                 str(prompts), "--num-prompts", "2", "--max-new-tokens", "10", "--num-draft-tokens", "2",
+                 "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec ngram", f"hf_specdec {root / 'drafter'}"]
+    assert all(m["identical_to_plain"] for m in report["methods"])

@@ -202,3 +202,32 @@ def test_bad_trees_are_refused():
         MedusaDrafter(heads, tree=[[0], [1, 0]])
     with pytest.raises(ValueError, match="deeper than"):
         MedusaDrafter(heads, tree=[[0], [0, 0], [0, 0, 0]])
+
+
+def test_typical_acceptance_is_opt_in_lossy_and_checked(one_thread):
+    import warnings
+
+    target = tiny_llama(vocab=12, seed=0)
+    heads = noisy_heads(target, num_heads=2)
+    prompt = torch.tensor([[1, 5, 7, 2]])
+    base = dict(custom_generate=speculative_generate, max_new_tokens=3)
+    with pytest.raises(ValueError, match="sampling rule"):
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=False, verification="typical", **base)
+    with pytest.raises(ValueError, match="'exact'"):
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="lossless", **base)
+    with pytest.warns(UserWarning, match="lossy"):
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="typical", **base)
+    # With a bar no token clears (threshold 1), every draft is rejected and each token is drawn from the target after
+    # the accepted prefix: the output is then exactly the target's distribution, through both the chain and tree paths.
+    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
+    for tree in ("chain", [[0], [1], [0, 0]]):
+        drafter = MedusaDrafter(heads, tree=tree)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            samples = sample_sequences(
+                lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, verification="typical",
+                                        typical_threshold=1.0, typical_alpha=100.0, **kwargs),
+                prompt.shape[1], 3000, seed=1,
+            )
+        assert chi_square_pvalue(samples, exact) > 1e-3, tree

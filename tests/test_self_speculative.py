@@ -85,6 +85,35 @@ def test_all_layers_accepts_every_draft(arch_name):
         assert stats.accepted_tokens == stats.drafted_tokens
 
 
+@pytest.mark.parametrize("arch_name", ["llama", "qwen2", "gpt2"])
+def test_kv_reuse_runs_each_early_layer_once_per_token(arch_name):
+    """At batch 1 on RoPE architectures the drafter's layers 0..L-1 ARE the verification's: layer 0 sees every fed
+    token once (prompt, kept tokens and rejected drafts), not twice. GPT-2 keeps its own draft cache (twice)."""
+    target = BUILDERS[arch_name]()
+    layers = target.transformer.h if arch_name == "gpt2" else target.model.layers
+    seen = {"first": 0, "last": 0}
+    hooks = [layers[0].register_forward_pre_hook(lambda m, args, kwargs: seen.__setitem__("first", seen["first"] + args[0].shape[1]), with_kwargs=True),
+             layers[-1].register_forward_pre_hook(lambda m, args, kwargs: seen.__setitem__("last", seen["last"] + args[0].shape[1]), with_kwargs=True)]
+    try:
+        for prompt in PROMPTS[:4]:
+            expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+            seen.update(first=0, last=0)
+            stats = SpeculationStats()
+            out = _speculative(target, prompt, SelfSpeculativeDrafter(1), 3, stats, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(out, expected)
+            # the last layer runs in verification only: every token the target verified (pending tokens plus drafts)
+            verified = seen["last"]
+            assert verified == prompt.shape[1] + stats.target_forwards - 1 + stats.drafted_tokens
+            # the first layer: the same tokens once with reuse; with a separate draft cache, drafted ones again
+            if arch_name != "gpt2":
+                assert seen["first"] == verified
+            else:
+                assert seen["first"] > verified
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def test_greedy_with_processors_and_default_layer_count():
     target = tiny_llama(layers=4)
     drafter = SelfSpeculativeDrafter()  # half the layers

@@ -73,3 +73,26 @@ def test_deterministic_drafter_one_hot_is_exact():
     n, nxt = rejection_sample(drafts, one_hot_probs(drafts, 8), p.expand(rows, 2, 8))
     first = torch.where(n > 0, drafts[:, 0], nxt)
     assert _matches(torch.bincount(first, minlength=8).double(), p[0, 0]) > 1e-3
+
+
+def test_typical_acceptance_rule_follows_its_definition():
+    from hf_specdec.verification import typical_accept, typical_accept_tree, typical_bar
+
+    # position 0: peaked distribution (low entropy, so the bar is the threshold); position 1: flat (bar = alpha e^-H)
+    p = torch.zeros(1, 3, 4)
+    p[0, 0] = torch.tensor([0.85, 0.1, 0.04, 0.01])
+    p[0, 1] = torch.full((4,), 0.25)
+    p[0, 2] = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    bar = typical_bar(p[0], threshold=0.09, alpha=0.3)
+    assert abs(bar[0] - 0.09) < 1e-6 and abs(bar[1] - 0.3 * 0.25) < 1e-6  # H(uniform on 4) = log 4
+    # token 1 (p = 0.1 > 0.09) is typical at position 0, token 3 (0.25 > 0.075) at position 1: both accepted,
+    # then the next token is drawn from position 2, where all mass is on token 2
+    n, nxt = typical_accept(torch.tensor([[1, 3]]), p, threshold=0.09, alpha=0.3)
+    assert n.tolist() == [2] and nxt.tolist() == [2]
+    n, _ = typical_accept(torch.tensor([[2, 3]]), p, threshold=0.09, alpha=0.3)  # p = 0.04 < 0.09: rejected
+    assert n.tolist() == [0]
+    # tree: root children 2 (atypical) and 1 (typical); node 1's child 3 is typical -> path [1, 2]
+    parents = torch.tensor([-1, -1, 1])
+    tree_p = torch.stack([p[0, 0], p[0, 0], p[0, 1], p[0, 2]])  # row 0 follows the root, row i + 1 follows node i
+    path, nxt = typical_accept_tree(torch.tensor([2, 1, 3]), parents, tree_p, threshold=0.09, alpha=0.3)
+    assert path == [1, 2] and nxt == 2

@@ -71,6 +71,10 @@ class Drafter(CandidateGenerator):
     #: `observe_target(hidden [B, m, H], valid [B, m])` with the target's final hidden state of every token it fed
     #: (the row's uncached tokens, then the drafts), before `accepted(...)` says how many drafts were kept.
     uses_target_hidden: bool = False
+    #: drafters that run the TARGET's own layers (self-speculation) may set this in `start`: the loop then calls
+    #: `share_target_cache(target_kv)` and runs each verification through `verify(target_kv, new_ids, valid,
+    #: num_logits)`, so that the layers the drafter already ran for the drafted tokens are not run again.
+    shares_target_cache: bool = False
 
     def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""

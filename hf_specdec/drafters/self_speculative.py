@@ -12,10 +12,12 @@ output distributed exactly as the target's. With L = all layers the draft IS the
 Supported targets: the decoder-only architectures listed in `SUPPORTED_MODEL_TYPES` (layers in `model.model.layers`
 for Llama/Mistral/Qwen2/Qwen3, in `transformer.h` for GPT-2).
 
-KV reuse: the target's verification forward recomputes layers 0..L-1 for the drafted tokens, although the drafter
-already computed exactly those keys/values (same weights, same positions, same prefix). Skipping that work needs the
-verification forward to start at layer L from the drafter's hidden states, which `decoding.py` does not do yet; see
-the project notes (issue 7 report) for the change it needs. Until then the drafter's cache is separate.
+KV reuse (batch 1, Llama / Mistral / Qwen2 / Qwen3): the drafter runs layers 0..L-1 IN the target's own cache, and
+the verification forward then runs only layers L.. on the hidden states the drafter kept (plus layers 0..L-1 for the
+last draft, which the drafter proposed but never fed). Every token passes through each layer once, and rejected drafts
+are cropped from all layers together. The loop asks for this through `shares_target_cache` / `share_target_cache` /
+`verify`. GPT-2 (learned positions are added to the input embeddings, so the hidden states cannot re-enter the stack),
+sliding-window attention, and batches > 1 (their rows advance unevenly) keep a separate draft cache.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..cpu_matmul import small_m_linear
+from .base import Draft, next_draft_token
 from .draft_model import DraftModelDrafter
+
+# architectures whose layer-L hidden states can re-enter the stack as `inputs_embeds` (no scaling, RoPE positions)
+KV_REUSE_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 # model_type -> (attribute of the base model holding the decoder layers)
 SUPPORTED_MODEL_TYPES = {
@@ -131,3 +138,76 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
     def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
         self._bind(target)
         super().start(target, input_ids, generation_config, logits_processor, attention_mask=attention_mask)
+        self.shared = None  # the target's RaggedKV once the loop shares it (see share_target_cache)
+        config = target.config
+        windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+        self.shares_target_cache = (input_ids.shape[0] == 1 and config.model_type in KV_REUSE_MODEL_TYPES
+                                    and not windowed and (attention_mask is None or bool(attention_mask.all())))
+
+    def share_target_cache(self, target_kv) -> None:
+        """From now on draft in the target's cache: layers 0..L-1 of drafted tokens are computed once (see `verify`)."""
+        self.shared, self.kv = target_kv, None
+        self.early_hidden = None  # layer-L hidden states of the tokens fed this step (pending tokens, drafts but last)
+
+    def _layers(self, layers, cache_len: int, input_ids=None, inputs_embeds=None):
+        """Run `layers` of the target's base model on new tokens after `cache_len` cached ones (batch 1, causal);
+        returns (hidden states entering the final norm, final-norm output)."""
+        x = input_ids if input_ids is not None else inputs_embeds
+        n, device = x.shape[1], x.device
+        dtype = self.target.dtype if self.target.dtype.is_floating_point else torch.float32
+        allowed = torch.ones(n, cache_len + n, dtype=torch.bool, device=device).tril(cache_len)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+        positions = torch.arange(cache_len, cache_len + n, device=device)[None]
+        base, attr = self.model.base, self.model.layers_attr
+        captured = []
+        hook = base.norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        all_layers = base._modules[attr]
+        base._modules[attr] = nn.ModuleList(layers)
+        try:
+            out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
+                       position_ids=positions, cache=self.shared.cache, use_cache=True)
+        finally:
+            base._modules[attr] = all_layers
+            hook.remove()
+        return captured[0], out.last_hidden_state
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens, lengths=None):
+        if self.shared is None:
+            return super().propose(input_ids, max_tokens, lengths=lengths)
+        cached = self.shared.slots  # every layer holds these; layers 0..L-1 will also hold what is fed here
+        block = input_ids[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
+        fed, hidden, tokens, probs = 0, [], [], []
+        head = self.target.get_output_embeddings()
+        drafting = torch.ones(1, dtype=torch.bool, device=input_ids.device)
+        for i in range(max_tokens):
+            h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
+            fed += block.shape[1]
+            hidden.append(h)
+            token, q, drafting = next_draft_token(self, head(normed[:, -1]).float(), [input_ids[0]], tokens, drafting, i == 0)
+            if not drafting.any():
+                break
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            block = token[:, None]
+        self.early_hidden = torch.cat(hidden, dim=1)
+        if not tokens:
+            return Draft(input_ids[:, :0])
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+    def verify(self, target_kv, new_ids, valid, num_logits: int) -> torch.Tensor:
+        """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
+        (the last draft), then layers L.. for all of `new_ids` from their layer-L hidden states. Logits [1, n, V]."""
+        cached = target_kv.slots
+        done = 0 if self.early_hidden is None else self.early_hidden.shape[1]
+        parts = [] if self.early_hidden is None else [self.early_hidden]
+        if done < new_ids.shape[1]:
+            parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
+        self.early_hidden = None
+        late = list(getattr(self.model.base, self.model.layers_attr))[self.num_layers :]
+        with small_m_linear(target_kv.fast):
+            _, normed = self._layers(late, cached, inputs_embeds=torch.cat(parts, dim=1))
+            logits = self.target.get_output_embeddings()(normed[:, -num_logits:])
+        target_kv.append_slots(valid)
+        return logits.float()
