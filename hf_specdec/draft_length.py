@@ -46,7 +46,7 @@ class AdaptiveDraftLength:
     #: weight kept by past steps at each new one (recent acceptance matters more: prose vs code, a copied span...)
     decay: float = 0.95
     #: every this many steps, try a length next to the best one instead, so that its estimates stay current
-    explore_every: int = 16
+    explore_every: int = 32
     # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
     # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
     accepted: dict = field(default_factory=lambda: {True: [], False: []})
@@ -62,8 +62,8 @@ class AdaptiveDraftLength:
 
     def next_length(self) -> int:
         self.steps += 1
-        if self.first_step or not self.verify_seconds:
-            return self.cap  # learn acceptance first (the first step's forward also reads the prompt)
+        if not self.verify_seconds:
+            return self.cap  # nothing measured yet: learn acceptance first
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
         expected = self.expected_tokens()

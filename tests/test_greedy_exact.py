@@ -122,8 +122,9 @@ def test_adaptive_draft_length_is_exact(arch_name):
             assistant=assistant, num_draft_tokens=6, draft_length="adaptive", speculation_stats=stats,
         )
         assert torch.equal(out, expected)
-    # the policy really varied the length: some steps drafted fewer than the cap
-    assert stats.drafted_by_position[0] > stats.drafted_by_position[-1]
+    # the policy really varied the length: some steps drafted, some drafted fewer than the cap (or nothing)
+    assert 0 < stats.drafted_by_position[-1] and (
+        stats.drafted_by_position[0] > stats.drafted_by_position[-1] or stats.drafted_by_position[0] < stats.target_forwards)
 
 
 def test_adaptive_policy_weighs_acceptance_against_step_cost():
