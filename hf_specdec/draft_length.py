@@ -102,21 +102,26 @@ class AdaptiveDraftLength:
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 
     def expected_tokens(self) -> list[float]:
-        """E(k) for k = 0..cap in the current state (after a fully accepted step or not). Each a_i gets two
-        pseudo-steps at the previous position's estimate (0.5 for the first), so positions rarely tried fall back on
-        their neighbour."""
-        expected, reach, a = [1.0], 1.0, 0.5
-        counts = self.drafted[self.in_run], self.accepted[self.in_run]
+        """E(k) for k = 0..cap in the current state (after a fully accepted step or not). a_i is the state's own count
+        pulled (two pseudo-steps) towards both states' pooled estimate, which in turn falls back (one pseudo-step) on
+        the previous position's: positions rarely tried borrow from their neighbours, not from an optimistic guess."""
+        expected, reach, pooled = [1.0], 1.0, 0.5
         for i in range(self.cap):
-            drafted, accepted = (c[i] if i < len(c) else 0.0 for c in counts)
-            a = (accepted + 2 * a) / (drafted + 2)
-            reach *= a
+            own_d, own_a, all_d, all_a = 0.0, 0.0, 0.0, 0.0
+            for state in (True, False):
+                d, a = self.drafted[state], self.accepted[state]
+                if i < len(d):
+                    all_d, all_a = all_d + d[i], all_a + a[i]
+                    if state == self.in_run:
+                        own_d, own_a = d[i], a[i]
+            pooled = (all_a + pooled) / (all_d + 1)
+            reach *= (own_a + 2 * pooled) / (own_d + 2)
             expected.append(expected[-1] + reach)
         return expected
 
     def step_seconds(self, k: int) -> float:
-        """Drafting plus verification time of a step with k drafts; verification times in between measured lengths
-        are interpolated, beyond them the nearest one is used."""
+        """Drafting plus the rest of a step with k drafts; times in between measured lengths are interpolated, beyond
+        the longest one extrapolated along the last measured slope (never downwards)."""
         n, known = k + 1, sorted(self.verify_seconds)
         below = [m for m in known if m <= n]
         above = [m for m in known if m >= n]
@@ -124,8 +129,14 @@ class AdaptiveDraftLength:
             lo, hi = below[-1], above[0]
             w = 0.0 if hi == lo else (n - lo) / (hi - lo)
             verify = (1 - w) * self.verify_seconds[lo] + w * self.verify_seconds[hi]
+        elif above:
+            verify = self.verify_seconds[above[0]]
         else:
-            verify = self.verify_seconds[(below or above)[-1 if below else 0]]
+            verify = self.verify_seconds[below[-1]]
+            if len(below) >= 2:
+                lo, hi = below[-2], below[-1]
+                slope = max(0.0, (self.verify_seconds[hi] - self.verify_seconds[lo]) / (hi - lo))
+                verify += slope * (n - hi)
         return k * (self.draft_seconds_per_token or 0.0) + verify
 
 
