@@ -45,8 +45,10 @@ class AdaptiveDraftLength:
     confidence_threshold: float | None = 0.3
     #: weight kept by past steps at each new one (recent acceptance matters more: prose vs code, a copied span...)
     decay: float = 0.95
-    #: every this many steps, try a length next to the best one instead, so that its estimates stay current
+    #: every this many steps, try a length next to the best one instead, so that its estimates stay current...
     explore_every: int = 32
+    #: ... if its estimated tokens per second are within this fraction of the best length's
+    explore_margin: float = 0.05
     # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
     # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
     accepted: dict = field(default_factory=lambda: {True: [], False: []})
@@ -67,10 +69,14 @@ class AdaptiveDraftLength:
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
         expected = self.expected_tokens()
-        best = max(range(self.cap + 1), key=lambda k: expected[k] / self.step_seconds(k))
-        if self.steps % self.explore_every == 0:  # now and then a neighbour, so its acceptance and cost stay current
+        rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
+        best = max(range(self.cap + 1), key=rate.__getitem__)
+        if self.steps % self.explore_every == 0:
+            # now and then a neighbour that is estimated nearly as good, so that close calls get re-measured; a
+            # clearly worse length is not tried again (what it costs would be lost for nothing)
             neighbour = best + (1 if (self.steps // self.explore_every) % 2 else -1)
-            best = neighbour if 0 <= neighbour <= self.cap else best
+            if 0 <= neighbour <= self.cap and rate[neighbour] >= (1 - self.explore_margin) * rate[best]:
+                best = neighbour
         return best
 
     def update(self, num_drafted: int, num_accepted: int) -> None:

@@ -231,3 +231,15 @@ def test_typical_acceptance_is_opt_in_lossy_and_checked(one_thread):
                 prompt.shape[1], 3000, seed=1,
             )
         assert chi_square_pvalue(samples, exact) > 1e-3, tree
+
+
+def test_medusa_chain_adaptive_length_is_exact(one_thread):
+    target = tiny_llama(vocab=16, seed=0)
+    drafter = MedusaDrafter(noisy_heads(target, num_heads=4), tree="chain")
+    stats = SpeculationStats()
+    for prompt in random_prompts(6, vocab=16, seed=3):
+        expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
+                              draft_length="adaptive", max_new_tokens=20, do_sample=False, speculation_stats=stats)
+        assert torch.equal(out, expected)
+    assert stats.drafted_tokens > 0

@@ -5,7 +5,8 @@ LM-head output chose that token), head i proposes the token i + 1 positions afte
 call and no KV cache of its own. The first step has no hidden state yet, so it proposes nothing.
 
 - `tree="chain"`: the heads' top-1 tokens (sampling: one draw from each head's processed distribution, reported as q,
-  so the usual rejection rule stays exact).
+  so the usual rejection rule stays exact). With `draft_length="adaptive"` a row stops at the first head whose top
+  probability is under the confidence threshold (decided from that head's distribution, before drawing).
 - a tree: node (r1, ..., rd) is the r_d-th most likely token of head d under node (r1, ..., r_{d-1}); the loop
   verifies the whole tree in ONE target forward with a tree attention mask and keeps the longest accepted path
   (greedy) or runs recursive rejection over siblings (sampling: exact). `tree=N` builds the N nodes most likely to be
@@ -22,7 +23,7 @@ import heapq
 import torch
 
 from ..ragged_cache import final_norm
-from .base import Draft, Drafter
+from .base import Draft, Drafter, next_draft_token
 from .features import TargetFeatures
 
 
@@ -117,20 +118,19 @@ class MedusaDrafter(Drafter):
         if self.tree is not None:
             return self._tree(logits, k)
         tokens, probs = [], []
-        for i in range(k):
-            scores = logits[:, i]
-            if self.logits_processor:
-                scores = torch.cat([
-                    self.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
-                    for b in range(len(rows))
-                ])
-            if self.do_sample:
-                q = scores.softmax(dim=-1)
-                tokens.append(torch.multinomial(q, 1).squeeze(1))
+        drafting = torch.ones(len(rows), dtype=torch.bool, device=logits.device)
+        num_valid = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+        for i in range(k):  # head i's token; rows stop at a head less confident than the threshold (adaptive length)
+            token, q, drafting = next_draft_token(self, logits[:, i], rows, tokens, drafting, i == 0)
+            if not drafting.any():
+                break
+            tokens.append(token)
+            if q is not None:
                 probs.append(q)
-            else:
-                tokens.append(scores.argmax(dim=-1))
-        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+            num_valid += drafting.long()
+        draft_tokens = torch.stack(tokens, dim=1)
+        all_valid = bool((num_valid == draft_tokens.shape[1]).all())
+        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid)
 
     def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
         """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""
