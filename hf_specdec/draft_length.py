@@ -51,9 +51,10 @@ class AdaptiveDraftLength:
     explore_margin: float = 0.05
     # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
     # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
-    accepted: dict = field(default_factory=lambda: {True: [], False: []})
-    drafted: dict = field(default_factory=lambda: {True: [], False: []})
-    in_run: bool = False
+    # (None: after a plain step, which says nothing about what comes next: both states' pooled counts apply)
+    accepted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
+    drafted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
+    in_run: bool | None = None
     verify_seconds: dict[int, float] = field(default_factory=dict)  # tokens in the verification forward -> seconds
     draft_seconds_per_token: float | None = None
     steps: int = 0
@@ -81,6 +82,7 @@ class AdaptiveDraftLength:
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted == 0:
+            self.in_run = None
             return
         drafted, accepted = self.drafted[self.in_run], self.accepted[self.in_run]
         while len(drafted) < num_drafted:
@@ -108,17 +110,18 @@ class AdaptiveDraftLength:
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 
     def expected_tokens(self) -> list[float]:
-        """E(k) for k = 0..cap in the current state (after a fully accepted step or not). a_i is the state's own count
+        """E(k) for k = 0..cap in the current state (after a fully accepted step, a rejection, or a plain step, which
+        uses the pooled counts alone). a_i is the state's own count
         pulled (two pseudo-steps) towards both states' pooled estimate, which in turn falls back (one pseudo-step) on
         the previous position's: positions rarely tried borrow from their neighbours, not from an optimistic guess."""
         expected, reach, pooled = [1.0], 1.0, 0.5
         for i in range(self.cap):
             own_d, own_a, all_d, all_a = 0.0, 0.0, 0.0, 0.0
-            for state in (True, False):
+            for state in (True, False, None):
                 d, a = self.drafted[state], self.accepted[state]
                 if i < len(d):
                     all_d, all_a = all_d + d[i], all_a + a[i]
-                    if state == self.in_run:
+                    if state is self.in_run and state is not None:
                         own_d, own_a = d[i], a[i]
             pooled = (all_a + pooled) / (all_d + 1)
             reach *= (own_a + 2 * pooled) / (own_d + 2)

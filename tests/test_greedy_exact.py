@@ -153,3 +153,27 @@ def test_adaptive_policy_weighs_acceptance_against_step_cost():
     assert run(0.7, 0.0, lambda n: 0.1 + 0.05 * (n - 1)) in (1, 2, 3)  # a cost that grows with width: in between
     with pytest.raises(ValueError, match="draft_length must be"):
         as_draft_length_policy("sometimes")
+
+
+def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
+    """A plain step (k = 0) says nothing about the next token: the next choice uses the pooled acceptance, not the
+    pessimistic 'after a rejection' counts (which would keep choosing k = 0 forever)."""
+    from hf_specdec.draft_length import AdaptiveDraftLength
+
+    policy = AdaptiveDraftLength(confidence_threshold=None)
+    policy.start(2)
+    policy.record_costs(2, 0.0, 1.0)  # first step: prompt, not timed
+    policy.verify_seconds = {1: 1.0, 2: 1.15, 3: 1.3}
+    policy.draft_seconds_per_token = 0.01
+    for _ in range(30):  # runs: after an accepted draft the next is accepted (0.9), after a rejection rarely (0.1)
+        policy.in_run = True
+        policy.update(1, 1)
+        policy.in_run = True
+        policy.update(1, 0)
+    for _ in range(30):
+        policy.in_run = False
+        policy.update(1, 0)
+    policy.in_run = False
+    assert policy.next_length() == 0  # after a rejection drafting does not pay here
+    policy.update(0, 0)  # a plain step
+    assert policy.in_run is None and policy.next_length() >= 1  # on average it does
