@@ -49,6 +49,8 @@ class AdaptiveDraftLength:
     explore_every: int = 32
     #: ... if its estimated tokens per second are within this fraction of the best length's
     explore_margin: float = 0.05
+    #: a plain step (k = 0) is chosen only when estimated this much faster than the best drafting length
+    plain_margin: float = 0.1
     # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
     # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
     # (None: after a plain step, which says nothing about what comes next: both states' pooled counts apply)
@@ -71,7 +73,11 @@ class AdaptiveDraftLength:
             return 0  # the cost of a plain step, to compare every length with
         expected = self.expected_tokens()
         rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
-        best = max(range(self.cap + 1), key=rate.__getitem__)
+        best = max(range(1, self.cap + 1), key=rate.__getitem__)
+        # A plain step only when clearly better: it is not as cheap as it looks, since a drafter with a cache of its
+        # own feeds the skipped tokens at its next step, and that cost is booked as drafting.
+        if rate[0] > (1 + self.plain_margin) * rate[best]:
+            best = 0
         if self.steps % self.explore_every == 0:
             # now and then a neighbour that is estimated nearly as good, so that close calls get re-measured; a
             # clearly worse length is not tried again (what it costs would be lost for nothing)
