@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 5: the shipped Medusa heads as a chain and as trees of 7 (the default) and 63 nodes built from their
-# measured accuracy, in ONE interleaved run against plain decoding (30 dev prompts, 128 new tokens, greedy, fp32
+# measured accuracy, in ONE interleaved run against plain decoding (first 12 dev prompts, 128 new tokens, greedy, fp32
 # default target). Run on a quiet machine.
 set -x
 hf-specdec bench --target default --assistant medusa:chain,medusa,medusa:63 \
-    --prompts ../shared/data/dev_prompts.jsonl --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 4 \
+    --prompts ../shared/data/dev_prompts.jsonl --num-prompts 12 --max-new-tokens 128 --num-draft-tokens 4 \
     --json benchmarks/results/medusa_trees.json --plot benchmarks/results/medusa_trees.png
