@@ -7,13 +7,14 @@ that maximises expected tokens per second:
     T(k) = k * (drafting time per token) + (the rest of a step whose forward verifies k + 1 tokens)
 
 with a_i counted from the accepted prefixes so far (recent steps weigh more; apart after a fully accepted step, as
-acceptance comes in runs) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a drafter that does not pay costs little; now and then the policy tries
-a length next to its choice, so that its estimates follow the text and the machine. Drafters that know their confidence (draft
-models) also stop a step early when their top probability falls below `confidence_threshold`; that decision depends
-only on the drafter's distribution before a token is drawn, and the length choice only on past steps, so sampling
-stays exact — but since step lengths depend on measured times, a fixed seed no longer reproduces the same sample
-(use the default constant length for that). "adaptive" keeps what it learned for the same assistant object, target
-and batch size across `generate()` calls; or pass your own `AdaptiveDraftLength()` object.
+acceptance comes in runs) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a
+drafter that does not pay costs little; now and then the policy tries a length next to its choice when that length is
+nearly as good, so that close calls follow the text and the machine. Drafters that know their confidence (draft
+models, Medusa chains) also stop a step early when their top probability falls below `confidence_threshold`; that
+decision depends only on the drafter's distribution before a token is drawn, and the length choice only on past steps,
+so sampling stays exact — but since step lengths depend on measured times, a fixed seed no longer reproduces the same
+sample (use the default constant length for that). "adaptive" keeps what it learned for the same assistant object,
+target and batch size across `generate()` calls; or pass your own `AdaptiveDraftLength()` object.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ class EarlyExitModel(nn.Module):
         self.__dict__["base"] = base
         self.layers_attr = layers_attr
         self.early_layers = list(getattr(base, layers_attr))[:num_layers]
+        self.late_layers = list(getattr(base, layers_attr))[num_layers:]  # what verification runs after KV reuse
         self.config = target.config
 
     @property
@@ -205,9 +206,8 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         if done < new_ids.shape[1]:
             parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
         self.early_hidden = None
-        late = list(getattr(self.model.base, self.model.layers_attr))[self.num_layers :]
         with small_m_linear(target_kv.fast):
-            _, normed = self._layers(late, cached, inputs_embeds=torch.cat(parts, dim=1))
+            _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
             logits = self.target.get_output_embeddings()(normed[:, -num_logits:])
         target_kv.append_slots(valid)
         return logits.float()
