@@ -30,6 +30,8 @@ class MethodResult:
     target_forwards: int = 0
     identical: list[bool] = field(default_factory=list)
     stats: SpeculationStats | None = None
+    prompt_seconds: list[float] = field(default_factory=list)  # per prompt (batch), for paired comparisons
+    prompt_tokens: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -51,6 +53,8 @@ class MethodResult:
             "seconds": self.seconds,
             "target_forwards": self.target_forwards,
             "draft_seconds_per_step": (self.stats.draft_seconds / max(self.stats.target_forwards, 1)) if self.stats else None,
+            "prompt_seconds": self.prompt_seconds,
+            "prompt_tokens": self.prompt_tokens,
         }
 
 
@@ -265,8 +269,9 @@ def run_bench(
             enc = encode_batch(tokenizer, group, target.device, max_prompt_tokens)
             if batch_size == 1:
                 enc.pop("attention_mask")
-            plain_out = None
-            for name, kwargs in runs:
+            outputs = {}
+            # Each prompt starts at a different method, so that no method always runs first or right after another.
+            for name, kwargs in runs[i % len(runs) :] + runs[: i % len(runs)]:
                 torch.manual_seed(seed + i)
                 forwards[0] = 0
                 t0 = time.perf_counter()
@@ -274,11 +279,13 @@ def run_bench(
                 elapsed = time.perf_counter() - t0
                 result = results[name]
                 result.seconds += elapsed
-                result.new_tokens += count_new_tokens(out, enc["input_ids"].shape[1], eos_ids, pad_id)
+                result.prompt_seconds.append(elapsed)
+                result.prompt_tokens.append(count_new_tokens(out, enc["input_ids"].shape[1], eos_ids, pad_id))
+                result.new_tokens += result.prompt_tokens[-1]
                 result.target_forwards += forwards[0]
-                if name == "plain":
-                    plain_out = out
-                result.identical.append(torch.equal(out, plain_out))
+                outputs[name] = out
+            for name in outputs:
+                results[name].identical.append(torch.equal(outputs[name], outputs["plain"]))
     finally:
         hook.remove()
 
@@ -309,6 +316,38 @@ def run_bench(
     }
 
 
+def paired_speed_ratio(a: dict, b: dict, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Tokens/s of method `a` over method `b` in the same run, with a 95% bootstrap interval over prompts (both ran
+    every prompt back to back, so resampling prompts keeps each prompt's pair together)."""
+    import random
+
+    def ratio(idx):
+        ta, tb = sum(a["prompt_seconds"][i] for i in idx), sum(b["prompt_seconds"][i] for i in idx)
+        na, nb = sum(a["prompt_tokens"][i] for i in idx), sum(b["prompt_tokens"][i] for i in idx)
+        return (na / ta) / (nb / tb)
+
+    n, rng = len(a["prompt_seconds"]), random.Random(seed)
+    draws = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    return ratio(range(n)), draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
+
+
+def adaptive_vs_best_constant(report: dict) -> list[str]:
+    """For a sweep with --adaptive: each adaptive row against the fastest constant length of the same drafter."""
+    lines, methods = [], report["methods"]
+    for m in methods:
+        if " adaptive" not in m["name"] or not m.get("prompt_seconds"):
+            continue
+        prefix = m["name"].split(" adaptive")[0]
+        constants = [c for c in methods if c["name"].startswith(prefix + " k=")]
+        if len(constants) < 2:
+            continue
+        best = max(constants, key=lambda c: c["tokens_per_second"])
+        r, lo, hi = paired_speed_ratio(m, best)
+        lines.append(f"{m['name']} vs the fastest constant ({best['name']}): {r:.3f}x tokens/s "
+                     f"(95% interval over prompts {lo:.3f} to {hi:.3f})")
+    return lines
+
+
 def format_table(report: dict) -> str:
     rows = [
         f"batch size {report['settings'].get('batch_size', 1)}; tokens/s = generated tokens over the batch per second",
@@ -332,6 +371,9 @@ def format_table(report: dict) -> str:
         f"{c['drafter_ms_per_step']:.1f} ms per step (first hf_specdec row); break-even at {c['break_even_mean_accepted_tokens']:.2f} "
         "tokens per target forward."
     )
+    paired = adaptive_vs_best_constant(report)
+    if paired:
+        rows += ["", *paired]
     return "\n".join(rows)
 
 

@@ -61,7 +61,7 @@ def test_bench_sampling_mode(folders):
     assert report["settings"]["do_sample"] is True
 
 
-def test_bench_sweeps_draft_lengths_and_adaptive(folders):
+def test_bench_sweeps_draft_lengths_and_adaptive(folders, capsys):
     root, prompts = folders
     out_json = root / "sweep.json"
     assert main(["bench", "--target", str(root / "target"), "--assistant", str(root / "drafter"), "--prompts", str(prompts),
@@ -72,6 +72,8 @@ def test_bench_sweeps_draft_lengths_and_adaptive(folders):
     assert all(m["identical_to_plain"] for m in report["methods"])
     assert len(report["methods"][1]["acceptance_by_position"]) == 1
     assert report["settings"]["draft_lengths"] == [1, 3]
+    assert all(len(m["prompt_seconds"]) == len(m["prompt_tokens"]) == 2 for m in report["methods"])
+    assert "hf_specdec adaptive k<=3 vs the fastest constant (hf_specdec k=" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "--prompts", str(prompts), "--num-draft-tokens", "0,2"])
 
@@ -85,3 +87,21 @@ def test_bench_compares_several_drafters_in_one_run(folders):
     report = json.loads(out_json.read_text())
     assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec ngram", f"hf_specdec {root / 'drafter'}"]
     assert all(m["identical_to_plain"] for m in report["methods"])
+
+
+def test_paired_comparison_picks_the_fastest_constant_and_brackets_the_ratio():
+    from hf_specdec.bench import adaptive_vs_best_constant, paired_speed_ratio
+
+    def method(name, seconds, tokens_per_second):
+        return {"name": name, "tokens_per_second": tokens_per_second, "prompt_seconds": seconds,
+                "prompt_tokens": [10] * len(seconds)}
+
+    slow = method("hf_specdec k=1", [2.0, 4.0, 2.0, 4.0], 10 * 4 / 12)
+    fast = method("hf_specdec k=2", [1.0, 2.0, 1.0, 2.0], 10 * 4 / 6)
+    adaptive = method("hf_specdec adaptive k<=2", [1.0, 2.2, 1.1, 1.9], 10 * 4 / 6.2)
+    ratio, lo, hi = paired_speed_ratio(adaptive, fast)
+    assert ratio == pytest.approx(6.0 / 6.2)
+    assert lo <= ratio <= hi and hi - lo < 0.2
+    assert paired_speed_ratio(fast, slow)[0] == pytest.approx(2.0)
+    (line,) = adaptive_vs_best_constant({"methods": [method("plain", [3.0] * 4, 1.0), slow, fast, adaptive]})
+    assert "(hf_specdec k=2): 0.968x" in line

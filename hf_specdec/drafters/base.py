@@ -47,8 +47,9 @@ def next_draft_token(drafter: "Drafter", scores, rows, tokens, drafting, first: 
             drafter.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
             for b in range(len(rows))
         ])
-    q = scores.softmax(dim=-1) if drafter.do_sample or drafter.confidence_threshold is not None else None
-    if not first and drafter.confidence_threshold is not None:
+    may_stop = not first and drafter.confidence_threshold is not None  # the first draft is always proposed
+    q = scores.softmax(dim=-1) if drafter.do_sample or may_stop else None
+    if may_stop:
         drafting = drafting & (q.max(dim=-1).values >= drafter.confidence_threshold)
     token = torch.multinomial(q, 1).squeeze(1) if drafter.do_sample else scores.argmax(dim=-1)
     return token, q if drafter.do_sample else None, drafting
