@@ -168,7 +168,8 @@ def validate_batch(model, drafter: Drafter, batch_size: int, generation_config, 
 def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_processor, rule: AcceptRule, stats):
     """One step for every active row: draft, verify in ONE target forward, accept a prefix per row, roll back.
 
-    Returns `(emitted [B, k+1], num_emitted [B], raw_logits [B, k+1, V], scores [B, k+1, V], num_drafted)`; row b
+    Returns `(emitted [B, k+1], num_emitted [B], raw_logits [B, k+1, V], scores [B, k+1, V], num_drafted,
+    stopped_early)` (see `Draft.stopped_early`); row b
     emits `emitted[b, :num_emitted[b]]` (its accepted drafts, then the target's own token).
     """
     # 1. Draft up to `max_draft` tokens per row (a drafter may propose fewer, or none).
@@ -216,7 +217,7 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     emitted.scatter_(1, num_accepted[:, None], next_token[:, None])  # the target's token right after the prefix
     for b in range(batch.size):
         stats.record(num_drafted=int(num_valid[b]), num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
-    return emitted, num_accepted + 1, raw_logits, scores, k
+    return emitted, num_accepted + 1, raw_logits, scores, k, draft.stopped_early
 
 
 def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, rule: AcceptRule, stats, t0):
@@ -274,7 +275,7 @@ def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, rule: A
     gather = order[..., None].expand(-1, -1, raw.shape[-1])
     for b in range(batch.size):
         stats.record(num_drafted=depth, num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
-    return emitted, num_accepted + 1, raw.gather(1, gather), scores.gather(1, gather), depth
+    return emitted, num_accepted + 1, raw.gather(1, gather), scores.gather(1, gather), depth, False
 
 
 def drafter_propose(drafter: Drafter, batch: "RowBatch", max_draft: int) -> Draft:
@@ -408,10 +409,12 @@ def speculative_generate(
         # Drafts past max_length could never be emitted: the step emits up to max_draft + 1 tokens.
         max_draft = min(policy.next_length(), max_length - int(batch.lengths.max()) - 1)
         step_start, draft_before = time.perf_counter(), stats.draft_seconds
-        emitted, num_emitted, raw_logits, scores, num_drafted = speculative_step(
+        emitted, num_emitted, raw_logits, scores, num_drafted, stopped_early = speculative_step(
             batch, drafter, target, max_draft, logits_processor, rule, stats
         )
-        policy.update(num_drafted, int(num_emitted.min()) - 1)
+        # A confidence stop is a miss at the next position: choosing a longer length bought nothing there.
+        num_tried = num_drafted + int(stopped_early)
+        policy.update(num_tried, int(num_emitted.min()) - 1)
         done = []
         for b in range(batch.size):
             n_b = int(num_emitted[b])
@@ -446,7 +449,8 @@ def speculative_generate(
                 drafter.accepted(batch.row(0)[None], num_accepted)
         if hasattr(policy, "record_costs"):  # policies that weigh acceptance against what a whole step costs
             draft_seconds = stats.draft_seconds - draft_before
-            policy.record_costs(num_drafted, draft_seconds, time.perf_counter() - step_start - draft_seconds)
+            policy.record_costs(num_drafted, draft_seconds, time.perf_counter() - step_start - draft_seconds,
+                                num_tried=num_tried)
     for b, row in zip(batch.original_index, batch.rows):
         finished_rows[b] = row
 

@@ -6,8 +6,9 @@ that maximises expected tokens per second:
     E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k        (tokens a step emits; a_i = P(draft i accepted | i-1 was))
     T(k) = k * (drafting time per token) + (the rest of a step whose forward verifies k + 1 tokens)
 
-with a_i counted from the accepted prefixes so far (recent steps weigh more; apart after a fully accepted step, as
-acceptance comes in runs) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a
+with a_i counted from the accepted prefixes so far (a position's recent trials weigh more; apart after a fully accepted
+step, as acceptance comes in runs; a drafter's stop on low confidence counts as a miss, since a_i must be what asking
+for i drafts yields) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a
 drafter that does not pay costs little; now and then the policy tries a length next to its choice when that length is
 nearly as good, so that close calls follow the text and the machine. Drafters that know their confidence (draft
 models, Medusa chains) also stop a step early when their top probability falls below `confidence_threshold`; that
@@ -44,7 +45,7 @@ class AdaptiveDraftLength:
     """The draft length with the most expected tokens per second, from measured acceptance and step costs."""
 
     confidence_threshold: float | None = 0.3
-    #: weight kept by past steps at each new one (recent acceptance matters more: prose vs code, a copied span...)
+    #: weight kept by a position's past trials at each new one (recent acceptance matters more: prose vs code...)
     decay: float = 0.95
     #: every this many steps, try a length next to the best one instead, so that its estimates stay current...
     explore_every: int = 32
@@ -88,6 +89,9 @@ class AdaptiveDraftLength:
         return best
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
+        """After each step: the positions the step tried (its drafts, plus one when the drafter stopped on low
+        confidence, which counts as a miss: a_i must be what choosing a length i yields, not the acceptance of
+        confident drafts alone) and how many of them the target accepted."""
         if num_drafted == 0:
             self.in_run = None
             return
@@ -95,24 +99,23 @@ class AdaptiveDraftLength:
         while len(drafted) < num_drafted:
             drafted.append(0.0)
             accepted.append(0.0)
-        for i in range(len(drafted)):
-            drafted[i] *= self.decay
-            accepted[i] *= self.decay
+        # Only the positions this step tried age: a position tried rarely keeps what its trials showed, instead of
+        # fading into the prior and looking as good as position 1 (which would draw the policy to it).
         for i in range(min(num_drafted, num_accepted + 1)):  # positions past the first rejection were not tried
-            drafted[i] += 1
-            accepted[i] += int(i < num_accepted)
+            drafted[i] = self.decay * drafted[i] + 1
+            accepted[i] = self.decay * accepted[i] + int(i < num_accepted)
         self.in_run = num_accepted == num_drafted
 
-    def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float, num_tried: int | None = None) -> None:
         """Called by the loop after each step: its drafting time, and the rest (verification forward, acceptance,
-        cache roll-back and bookkeeping)."""
+        cache roll-back and bookkeeping). `num_tried` counts a confidence stop's extra drafter pass (see `update`)."""
         first, self.first_step = self.first_step, False
         if not first:  # the first step's forward also reads the prompt: its verification time says nothing
             n = num_drafted + 1
             old = self.verify_seconds.get(n)
             self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
-        if num_drafted:
-            per_token = draft_seconds / num_drafted
+        if num_tried or num_drafted:
+            per_token = draft_seconds / (num_tried or num_drafted)
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 

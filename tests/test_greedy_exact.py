@@ -177,3 +177,42 @@ def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
     assert policy.next_length() == 0  # after a rejection drafting does not pay here
     policy.update(0, 0)  # a plain step
     assert policy.in_run is None and policy.next_length() >= 1  # on average it does
+
+
+def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
+    """A drafter that stops on low confidence tells the loop so, and the policy is told one more position was tried
+    (and missed); the output is still plain greedy's."""
+    from hf_specdec.draft_length import ConstantDraftLength
+
+    class Recording(ConstantDraftLength):
+        def update(self, num_drafted, num_accepted):
+            tried.append(num_drafted)
+
+    target = ARCHITECTURES["llama"]()
+    drafter = DraftModelDrafter(perturbed_copy(target, scale=0.3))
+    for threshold, expected_tried in ((1.01, 2), (None, 3)):  # 1.01: every draft after the first is unsure
+        tried = []
+        for prompt in PROMPTS[:5]:
+            out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
+                                  assistant=drafter, num_draft_tokens=3,
+                                  draft_length=Recording(confidence_threshold=threshold))
+            assert torch.equal(out, target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False))
+        # every step tries the expected positions, but the last steps of each call (capped by max_length)
+        assert max(tried) == expected_tried and tried.count(expected_tried) >= len(tried) - 5 * 3
+
+
+def test_adaptive_policy_remembers_positions_it_rarely_tries():
+    """Position 2 missed whenever tried; then many steps try position 1 only. Its estimate must not fade back to the
+    prior (which made the policy jump to a longer draft on no evidence)."""
+    from hf_specdec.draft_length import AdaptiveDraftLength
+
+    policy = AdaptiveDraftLength(confidence_threshold=None)
+    policy.start(2)
+    for _ in range(20):
+        policy.update(2, 1)  # first accepted, second missed
+    for i in range(300):
+        policy.update(1, i % 2)  # only position 1 tried, accepted half the time
+    for state in (True, False):
+        policy.in_run = state
+        e = policy.expected_tokens()
+        assert e[2] - e[1] < 0.1 * (e[1] - e[0])  # reaching 2 AND accepting it stays unlikely

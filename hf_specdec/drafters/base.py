@@ -31,6 +31,8 @@ class Draft:
     num_valid: torch.Tensor | None = None  # [B] rows that proposed fewer than k tokens pad the rest; None = all k
     parents: torch.Tensor | None = None  # [k] a TREE of candidates (Medusa): node i's parent (-1: the last token),
     #   parents first; one shape for every row, `tokens` [B, k] per row. Tree candidates are deterministic (probs None).
+    stopped_early: bool = False  # every row stopped below max_tokens on low confidence: to the draft-length policy
+    #   the next position counts as tried and missed (else its acceptance would be measured on confident drafts only)
 
     @property
     def num_tokens(self) -> int:

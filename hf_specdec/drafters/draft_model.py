@@ -84,12 +84,13 @@ class DraftModelDrafter(Drafter):
         batch = len(rows)
         last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of each row's last real token in the block
         tokens, probs = [], []
-        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
+        drafting, stopped_early = torch.ones(batch, dtype=torch.bool, device=block.device), False
         num_valid = torch.zeros(batch, dtype=torch.long, device=block.device)
         for i in range(max_tokens):
             logits = self.kv.forward(block, valid, block.shape[1])
             token, q, drafting = next_draft_token(self, logits[torch.arange(batch), last], rows, tokens, drafting, i == 0)
             if not drafting.any():
+                stopped_early = True
                 break
             tokens.append(token)
             if q is not None:
@@ -106,4 +107,5 @@ class DraftModelDrafter(Drafter):
             return Draft(input_ids[:, :0])
         draft_tokens = torch.stack(tokens, dim=1)
         all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid)
+        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
+                     stopped_early=stopped_early)

@@ -93,12 +93,13 @@ class EagleDrafter(Drafter):
 
         # 2. Draft ahead, feeding back the drafter's own hidden state as the feature.
         tokens, probs = [], []
-        drafting = torch.ones(n_rows, dtype=torch.bool, device=block.device)
+        drafting, stopped_early = torch.ones(n_rows, dtype=torch.bool, device=block.device), False
         num_valid = torch.zeros(n_rows, dtype=torch.long, device=block.device)
         own_slots = torch.zeros(n_rows, dtype=torch.long)
         for i in range(max_tokens):
             token, q, drafting = next_draft_token(self, logits[index, last], rows, tokens, drafting, i == 0)
             if not drafting.any():
+                stopped_early = True
                 break
             tokens.append(token)
             if q is not None:
@@ -116,4 +117,5 @@ class EagleDrafter(Drafter):
             return Draft(input_ids[:, :0])
         draft_tokens = torch.stack(tokens, dim=1)
         all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid)
+        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
+                     stopped_early=stopped_early)

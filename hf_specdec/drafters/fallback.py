@@ -71,7 +71,8 @@ class FallbackDrafter(Drafter):
             as_probs = lambda d: d.probs if d.probs is not None else torch.nn.functional.one_hot(d.tokens, vocab).float()  # noqa: E731
             pad_probs = lambda p: torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1]))  # noqa: E731
             probs = torch.where(use_first[:, None, None], pad_probs(as_probs(first)), pad_probs(as_probs(second)))
-        return Draft(tokens, probs, None if bool((num_valid == width).all()) else num_valid)
+        return Draft(tokens, probs, None if bool((num_valid == width).all()) else num_valid,
+                     stopped_early=first.stopped_early and second.stopped_early)
 
 
 def _counts(draft: Draft) -> torch.Tensor:

@@ -118,11 +118,12 @@ class MedusaDrafter(Drafter):
         if self.tree is not None:
             return self._tree(logits, k)
         tokens, probs = [], []
-        drafting = torch.ones(len(rows), dtype=torch.bool, device=logits.device)
+        drafting, stopped_early = torch.ones(len(rows), dtype=torch.bool, device=logits.device), False
         num_valid = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
         for i in range(k):  # head i's token; rows stop at a head less confident than the threshold (adaptive length)
             token, q, drafting = next_draft_token(self, logits[:, i], rows, tokens, drafting, i == 0)
             if not drafting.any():
+                stopped_early = True
                 break
             tokens.append(token)
             if q is not None:
@@ -130,7 +131,8 @@ class MedusaDrafter(Drafter):
             num_valid += drafting.long()
         draft_tokens = torch.stack(tokens, dim=1)
         all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid)
+        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
+                     stopped_early=stopped_early)
 
     def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
         """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""

@@ -180,13 +180,14 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         block = input_ids[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
         fed, hidden, tokens, probs = 0, [], [], []
         head = self.target.get_output_embeddings()
-        drafting = torch.ones(1, dtype=torch.bool, device=input_ids.device)
+        drafting, stopped_early = torch.ones(1, dtype=torch.bool, device=input_ids.device), False
         for i in range(max_tokens):
             h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
             fed += block.shape[1]
             hidden.append(h)
             token, q, drafting = next_draft_token(self, head(normed[:, -1]).float(), [input_ids[0]], tokens, drafting, i == 0)
             if not drafting.any():
+                stopped_early = True
                 break
             tokens.append(token)
             if q is not None:
@@ -195,7 +196,7 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         self.early_hidden = torch.cat(hidden, dim=1)
         if not tokens:
             return Draft(input_ids[:, :0])
-        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None, stopped_early=stopped_early)
 
     def verify(self, target_kv, new_ids, valid, num_logits: int) -> torch.Tensor:
         """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
