@@ -100,14 +100,15 @@ def test_greedy_identical_to_plain(tokenizers, pair):
     }
     for name, drafter in drafters.items():
         stats = SpeculationStats()
-        for k in (1, 4):
+        for k, draft_length in ((1, "constant"), (4, "constant"), (4, "adaptive")):
             for prompt in _prompts(target_tok):
                 expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
                 out = target.generate(
                     prompt, max_new_tokens=20, do_sample=False, custom_generate=speculative_generate,
-                    assistant=drafter, num_draft_tokens=k, speculation_stats=stats,
+                    assistant=drafter, num_draft_tokens=k, draft_length=draft_length,
+                    speculation_stats=stats if draft_length == "constant" else SpeculationStats(),  # the bar below
                 )
-                assert torch.equal(out, expected), f"{pair}/{name}/k={k}: output differs from plain greedy"
+                assert torch.equal(out, expected), f"{pair}/{name}/k={k} {draft_length}: output differs from plain greedy"
         assert stats.drafted_tokens > 0
         if name == "oracle":
             # The char-level target has one tokenization per text: the oracle's drafts are all right. The BPE

@@ -35,10 +35,10 @@ def test_eagle_greedy_identical(make_target, one_thread):
     stats = SpeculationStats()
     for prompt in random_prompts(12, vocab=16, seed=5):
         expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        for k in (1, 4):
+        for k, draft_length in ((1, "constant"), (4, "constant"), (4, "adaptive")):
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  max_new_tokens=24, do_sample=False, speculation_stats=stats)
-            assert torch.equal(out, expected)
+                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=stats)
+            assert torch.equal(out, expected), (k, draft_length)
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # both branches of the bookkeeping ran
 
 
