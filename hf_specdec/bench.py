@@ -10,6 +10,7 @@ are measured in the same process.
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -319,8 +320,6 @@ def run_bench(
 def paired_speed_ratio(a: dict, b: dict, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Tokens/s of method `a` over method `b` in the same run, with a 95% bootstrap interval over prompts (both ran
     every prompt back to back, so resampling prompts keeps each prompt's pair together)."""
-    import random
-
     def ratio(idx):
         ta, tb = sum(a["prompt_seconds"][i] for i in idx), sum(b["prompt_seconds"][i] for i in idx)
         na, nb = sum(a["prompt_tokens"][i] for i in idx), sum(b["prompt_tokens"][i] for i in idx)

@@ -11,10 +11,10 @@ step, as acceptance comes in runs; a drafter's stop on low confidence counts as 
 for i drafts yields) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a
 drafter that does not pay costs little; now and then the policy tries a length next to its choice when that length is
 nearly as good, so that close calls follow the text and the machine. Drafters that know their confidence (draft
-models, Medusa chains) also stop a step early when their top probability falls below `confidence_threshold`; that
-decision depends only on the drafter's distribution before a token is drawn, and the length choice only on past steps,
-so sampling stays exact — but since step lengths depend on measured times, a fixed seed no longer reproduces the same
-sample (use the default constant length for that). "adaptive" keeps what it learned for the same assistant object,
+models, Medusa chains, EAGLE-style and self-speculative drafters) also stop a step early when their top probability
+falls below `confidence_threshold`; that decision depends only on the drafter's distribution before a token is drawn,
+and the length choice only on past steps, so sampling stays exact — but since step lengths depend on measured times,
+a fixed seed no longer reproduces the same sample (use the default constant length for that). "adaptive" keeps what it learned for the same assistant object,
 target and batch size across `generate()` calls; or pass your own `AdaptiveDraftLength()` object.
 """
 
@@ -114,8 +114,9 @@ class AdaptiveDraftLength:
             n = num_drafted + 1
             old = self.verify_seconds.get(n)
             self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
-        if num_tried or num_drafted:
-            per_token = draft_seconds / (num_tried or num_drafted)
+        tried = num_drafted if num_tried is None else num_tried
+        if tried:
+            per_token = draft_seconds / tried
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 
