@@ -46,6 +46,11 @@ class SpeculationStats:
     accepted_tokens: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    #: per row of the input batch (row b of every call): drafts proposed and accepted
+    drafted_by_row: list[int] = field(default_factory=list)
+    accepted_by_row: list[int] = field(default_factory=list)
+    #: batched steps in which the rows accepted different numbers of drafts (each row then keeps its own prefix)
+    uneven_steps: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
 
@@ -63,17 +68,26 @@ class SpeculationStats:
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / max(self.drafted_tokens, 1)
 
-    def record(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
-        self.target_forwards += 1
-        self.emitted_tokens += num_emitted
-        self.drafted_tokens += num_drafted
-        self.accepted_tokens += num_accepted
-        while len(self.drafted_by_position) < num_drafted:
-            self.drafted_by_position.append(0)
-            self.accepted_by_position.append(0)
-        for i in range(num_drafted):
-            self.drafted_by_position[i] += 1
-            self.accepted_by_position[i] += int(i < num_accepted)
+    def record_step(self, num_drafted: list[int], num_accepted: list[int], rows: list[int]) -> None:
+        """One verification step: row `rows[i]` of the input batch proposed `num_drafted[i]` drafts (a tree: its depth)
+        and kept `num_accepted[i]` of them, then the target's own token."""
+        width = max(num_drafted, default=0)
+        self.drafted_by_position += [0] * (width - len(self.drafted_by_position))
+        self.accepted_by_position += [0] * (width - len(self.accepted_by_position))
+        height = max(rows, default=-1) + 1
+        self.drafted_by_row += [0] * (height - len(self.drafted_by_row))
+        self.accepted_by_row += [0] * (height - len(self.accepted_by_row))
+        for drafted, accepted, row in zip(num_drafted, num_accepted, rows):
+            self.target_forwards += 1
+            self.emitted_tokens += accepted + 1
+            self.drafted_tokens += drafted
+            self.accepted_tokens += accepted
+            self.drafted_by_row[row] += drafted
+            self.accepted_by_row[row] += accepted
+            for i in range(drafted):
+                self.drafted_by_position[i] += 1
+                self.accepted_by_position[i] += int(i < accepted)
+        self.uneven_steps += len(set(num_accepted)) > 1
 
     def as_dict(self) -> dict:
         return {
@@ -84,6 +98,9 @@ class SpeculationStats:
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
+            "drafted_by_row": self.drafted_by_row,
+            "accepted_by_row": self.accepted_by_row,
+            "uneven_steps": self.uneven_steps,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
         }
@@ -215,8 +232,7 @@ def speculative_step(batch, drafter, target: RaggedKV, max_draft, logits_process
     target.keep(num_new=k, num_kept=num_accepted)
     emitted = torch.cat([draft.tokens, next_token[:, None]], dim=1)
     emitted.scatter_(1, num_accepted[:, None], next_token[:, None])  # the target's token right after the prefix
-    for b in range(batch.size):
-        stats.record(num_drafted=int(num_valid[b]), num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
+    stats.record_step(num_valid.tolist(), num_accepted.tolist(), batch.original_index)
     return emitted, num_accepted + 1, raw_logits, scores, k, draft.stopped_early
 
 
@@ -273,8 +289,7 @@ def tree_step(batch, drafter, draft, target: RaggedKV, logits_processor, rule: A
         emitted[b, len(path)] = next_tokens[b]
         order[b, 1 : len(path) + 1] = torch.tensor(path, dtype=torch.long) + 1
     gather = order[..., None].expand(-1, -1, raw.shape[-1])
-    for b in range(batch.size):
-        stats.record(num_drafted=depth, num_accepted=int(num_accepted[b]), num_emitted=int(num_accepted[b]) + 1)
+    stats.record_step([depth] * batch.size, num_accepted.tolist(), batch.original_index)
     return emitted, num_accepted + 1, raw.gather(1, gather), scores.gather(1, gather), depth, False
 
 

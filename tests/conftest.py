@@ -97,3 +97,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--no-drafts", action="store_true",
+        help="every drafter proposes nothing inside generate(): the exactness tests that claim speculation must then "
+             "fail (a check that they cannot pass vacuously)")
+
+
+@pytest.fixture(autouse=True)
+def _no_drafts(request, monkeypatch):
+    if request.config.getoption("--no-drafts"):
+        import hf_specdec.decoding as loop
+
+        monkeypatch.setattr(loop, "drafter_propose",
+                            lambda drafter, batch, max_draft: loop.Draft(batch.lengths.new_zeros(batch.size, 0)))

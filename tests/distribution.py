@@ -63,4 +63,18 @@ def sample_sequences(generate_fn, prompt_len, num_samples, seed=0):
     return [tuple(generate_fn()[0, prompt_len:].tolist()) for _ in range(num_samples)]
 
 
-__all__ = ["captured_processors", "exact_joint_distribution", "chi_square_pvalue", "sample_sequences"]
+def sample_in_batches(model, prompt, num_samples, batch_size=500, seed=0, pad_token_id=0, **generate_kwargs):
+    """`num_samples` independent continuations of `prompt`, drawn as rows of batches of the repeated prompt (each row
+    samples on its own, so this is the batched path; much faster than one call per sample)."""
+    torch.manual_seed(seed)
+    samples = []
+    while len(samples) < num_samples:
+        rows = min(batch_size, num_samples - len(samples))
+        ids = prompt.expand(rows, -1)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=pad_token_id, **generate_kwargs)
+        samples += [tuple(row) for row in out[:, prompt.shape[1]:].tolist()]
+    return samples
+
+
+__all__ = ["captured_processors", "exact_joint_distribution", "chi_square_pvalue", "sample_sequences",
+           "sample_in_batches"]

@@ -84,15 +84,33 @@ def test_missing_assistant(pair):
 
 
 class OneRowDrafter(hf_specdec.Drafter):
+    """A single-sequence drafter: proposes the target's own greedy continuation of one row (wrong in the last draft,
+    so that rejections happen too)."""
+
+    def __init__(self, target):
+        self.oracle = target
+
     def propose(self, input_ids, max_tokens):
-        return hf_specdec.Draft(input_ids[:, -1:].repeat(1, max_tokens))
+        assert input_ids.shape[0] == 1
+        tokens = self.oracle.generate(input_ids, max_new_tokens=max_tokens, do_sample=False)[:, input_ids.shape[1] :]
+        tokens[:, -1] = (tokens[:, -1] + 1) % self.oracle.config.vocab_size
+        return hf_specdec.Draft(tokens)
 
 
 def test_a_drafter_that_cannot_batch_drafts_row_by_row(pair):
+    from tests.speculation import assert_speculated
+
     target, drafter = pair
-    batch = torch.cat([PROMPT, PROMPT])
-    out = spec(target, OneRowDrafter(), prompt=batch)
-    assert torch.equal(out, target.generate(batch, max_new_tokens=out.shape[1] - batch.shape[1], do_sample=False))
+    prompts = random_prompts(2, seed=8)
+    width = max(p.shape[1] for p in prompts)
+    batch = torch.cat([torch.nn.functional.pad(p, (width - p.shape[1], 0)) for p in prompts])
+    mask = torch.cat([torch.nn.functional.pad(torch.ones_like(p), (width - p.shape[1], 0)) for p in prompts])
+    stats = hf_specdec.SpeculationStats()
+    out = spec(target, OneRowDrafter(target), prompt=batch, attention_mask=mask, pad_token_id=0, num_draft_tokens=3,
+               max_new_tokens=16, speculation_stats=stats)
+    assert torch.equal(out, target.generate(batch, attention_mask=mask, pad_token_id=0, max_new_tokens=16,
+                                            do_sample=False))
+    assert_speculated(stats, depth=2, rows=2)
     still_works(target, drafter)
 
 

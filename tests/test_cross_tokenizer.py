@@ -17,6 +17,7 @@ from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec.drafters import CrossTokenizerDrafter
 from tests.conftest import tiny_gpt2, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated
 
 ALPHABET = "abcdef"
 
@@ -99,21 +100,23 @@ def test_greedy_identical_to_plain(tokenizers, pair):
         "oracle": TargetOracleDrafter(target, draft_model, draft_tok, target_tok),
     }
     for name, drafter in drafters.items():
-        stats = SpeculationStats()
-        for k, draft_length in ((1, "constant"), (4, "constant"), (4, "adaptive")):
+        stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
+        for k, draft_length, st in ((1, "constant", stats), (4, "constant", stats), (4, policy, adaptive)):
             for prompt in _prompts(target_tok):
                 expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
                 out = target.generate(
                     prompt, max_new_tokens=20, do_sample=False, custom_generate=speculative_generate,
-                    assistant=drafter, num_draft_tokens=k, draft_length=draft_length,
-                    speculation_stats=stats if draft_length == "constant" else SpeculationStats(),  # the bar below
+                    assistant=drafter, num_draft_tokens=k, draft_length=draft_length, speculation_stats=st,
                 )
                 assert torch.equal(out, expected), f"{pair}/{name}/k={k} {draft_length}: output differs from plain greedy"
-        assert stats.drafted_tokens > 0
+        assert stats.drafted_tokens > 0 and adaptive.drafted_tokens > 0
         if name == "oracle":
             # The char-level target has one tokenization per text: the oracle's drafts are all right. The BPE
             # target's random model emits non-canonical token splits that no text-level drafter can reproduce.
             assert stats.mean_accepted_tokens > (2.5 if target_name == "char" else 1.2), stats.as_dict()
+            assert_speculated(stats, depth=4 if target_name == "char" else 1, rejected=target_name != "char")
+            assert_speculated(adaptive, depth=1, rejected=False)
+            assert_adapted(policy)
 
 
 def test_windowed_draft_encoding_follows_growing_text(tokenizers):
@@ -175,7 +178,7 @@ def test_sampling_matches_target(tokenizers):
         2_500,
     )
     assert chi_square_pvalue(samples, exact) > 1e-3
-    assert 0 < stats.accepted_tokens < stats.drafted_tokens
+    assert_speculated(stats)
 
 
 @pytest.mark.slow

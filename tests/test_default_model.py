@@ -11,6 +11,7 @@ import torch
 
 from hf_specdec import NgramDrafter, SpeculationStats, default_model, speculative_generate
 from hf_specdec.bench import early_layers_draft_model, encode_prompt
+from tests.speculation import assert_speculated
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev_prompts.jsonl"
 CHAT_PROMPTS = [
@@ -57,15 +58,16 @@ def test_second_load_does_not_touch_the_gguf(smollm, monkeypatch):
 def test_real_model_speculative_greedy_equals_plain(smollm):
     model, tokenizer = smollm
     drafters = {"ngram": NgramDrafter(), "early-layers": early_layers_draft_model(model, 4)}
+    stats = {name: SpeculationStats() for name in drafters}
     for prompt in CHAT_PROMPTS:
         enc = encode_prompt(tokenizer, prompt, model.device)
         plain = model.generate(**enc, max_new_tokens=48, do_sample=False)
         for name, drafter in drafters.items():
-            stats = SpeculationStats()
             out = model.generate(**enc, max_new_tokens=48, do_sample=False, custom_generate=speculative_generate,
-                                 assistant=drafter, num_draft_tokens=4, speculation_stats=stats)
+                                 assistant=drafter, num_draft_tokens=4, speculation_stats=stats[name])
             assert torch.equal(out, plain), f"{name} on {prompt!r}:\n{tokenizer.decode(out[0])}\n---\n{tokenizer.decode(plain[0])}"
-            assert stats.target_forwards <= 48
+    for name, st in stats.items():
+        assert_speculated(st, what=name)
 
 
 @pytest.mark.slow
@@ -86,7 +88,7 @@ def test_shipped_drafters_decode_exactly_in_batches(smollm):
         out = model.generate(**kwargs, custom_generate=speculative_generate, assistant=resolve_assistant(name, model),
                              speculation_stats=stats)
         assert torch.equal(out, plain), name
-        assert stats.accepted_tokens > 0, name
+        assert_speculated(stats, rows=2, what=name)
 
 
 @pytest.mark.slow
@@ -96,6 +98,8 @@ def test_demo_command_runs(capsys):
     assert main(["demo", "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out
     assert "text identical to plain greedy:   yes" in out and "speed-up:" in out
+    per_forward = float(out.split("mean accepted tokens per forward:")[1].split()[0])
+    assert per_forward > 1.0  # the demo really speculated
 
 
 def test_dev_prompts_available():

@@ -116,6 +116,14 @@ def subprocess_env():
             "HF_HUB_OFFLINE": "1"}
 
 
+def assert_evaluated_speculatively(evaluation: dict) -> None:
+    """The run's evaluation decoded through the real speculative loop: drafts proposed, some accepted, fewer target
+    forwards than tokens (its mean_accepted_tokens is then above plain decoding's 1.0)."""
+    assert evaluation["drafted_tokens"] > 0 and evaluation["accepted_tokens"] > 0, evaluation
+    assert evaluation["target_forwards"] < evaluation["emitted_tokens"], evaluation
+    assert evaluation["mean_accepted_tokens"] > 1.0
+
+
 def read_log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
 
@@ -205,7 +213,8 @@ def test_quantized_targets_train_on_cpu(world, tmp_path, quantization):
     out = tmp_path / quantization
     summary = run_in_process(cli(world, out, target_quantization=quantization, max_steps=2, eval_every=2, save_every=0,
                                  heldout_prompts=4, on_policy_ratio=0.5))
-    assert summary["final_step"] == 2 and summary["best"]["mean_accepted_tokens"] >= 1.0
+    assert summary["final_step"] == 2
+    assert_evaluated_speculatively(summary["best"])
     config = json.loads((out / "config.json").read_text())
     assert config["target_quantization"] == quantization
     target, _ = distill.load_target(distill.parse_args(cli(world, out, target_quantization=quantization)), torch.device("cpu"))
@@ -219,7 +228,8 @@ def test_saved_folder_round_trips_and_decodes_exactly(world, trained):
     assert isinstance(drafter, SpecDrafterForCausalLM) and not drafter.is_bound
     config = drafter.config
     assert config.target_name_or_path == str(world["target"]) and config.target_quantization == "none"
-    assert config.num_draft_tokens_eval == 5 and config.measured["mean_accepted_tokens"] >= 1.0
+    assert config.num_draft_tokens_eval == 5
+    assert_evaluated_speculatively(config.measured)
     assert config.training["loss"] == "fkl" and "training/distill.py" in config.training["command"]
     assert (out / "tokenizer.json").exists()
     card = (out / "README.md").read_text()
@@ -319,10 +329,10 @@ def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
 # --- eagle: a drafter that reads the target's hidden states -------------------------------------------------------------
 def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     out = tmp_path / "eagle"
-    summary = run_in_process(cli(world, out, drafter="eagle", max_steps=8, eval_every=8, save_every=0, learning_rate=3e-3))
+    summary = run_in_process(cli(world, out, drafter="eagle", max_steps=40, eval_every=40, save_every=0, learning_rate=1e-2))
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < log[0]["loss"]
-    assert summary["best"]["mean_accepted_tokens"] >= 1.0
+    assert_evaluated_speculatively(summary["best"])
     cache = Path(json.loads((out / "training_summary.json").read_text())["data"]["cache_folder"])
     assert (cache / "features-train.safetensors").exists() and (cache / "features-heldout.safetensors").exists()
     drafter = AutoModelForCausalLM.from_pretrained(out)
@@ -374,7 +384,7 @@ def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
                                  learning_rate=3e-3))
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < log[0]["loss"]
-    assert summary["best"]["mean_accepted_tokens"] >= 1.0
+    assert_evaluated_speculatively(summary["best"])
     heads = hf_specdec.AutoDrafter.from_pretrained(out)
     assert isinstance(heads, hf_specdec.MedusaHeads) and heads.config.num_heads == 2
     assert (out / "README.md").exists()

@@ -11,7 +11,15 @@ from hf_specdec.drafters import EagleDrafter, as_drafter
 from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.ragged_cache import final_norm
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
-from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.speculation import (
+    ScriptedCosts,
+    agreeing_eagle,
+    assert_adapted,
+    assert_speculated,
+    lie_about_second_q,
+    quiet_last_layer,
+)
 from tests.test_batch import PAD, left_pad
 
 
@@ -29,32 +37,38 @@ def eagle_for(target, seed=3, draft_vocab_size=0):
 
 @pytest.mark.parametrize("make_target", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
 def test_eagle_greedy_identical(make_target, one_thread):
-    target = make_target(vocab=16, seed=0)
-    drafter = eagle_for(target)
+    target = quiet_last_layer(make_target(vocab=16, seed=0))
+    drafter = agreeing_eagle(target)
     assert isinstance(as_drafter(drafter), EagleDrafter)
-    stats = SpeculationStats()
+    stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
     for prompt in random_prompts(12, vocab=16, seed=5):
         expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        for k, draft_length in ((1, "constant"), (4, "constant"), (4, "adaptive")):
+        for k, draft_length, st in ((1, "constant", stats), (4, "constant", stats), (4, policy, adaptive)):
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=stats)
+                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=st)
             assert torch.equal(out, expected), (k, draft_length)
-    assert 0 < stats.accepted_tokens < stats.drafted_tokens  # both branches of the bookkeeping ran
+    assert_speculated(stats, depth=4)
+    assert_speculated(adaptive, depth=2)
+    assert_adapted(policy)
 
 
 def test_eagle_batched_greedy_identical_with_eos(one_thread):
-    target = tiny_llama(vocab=16, seed=0)
-    drafter = eagle_for(target, draft_vocab_size=10)
+    target = quiet_last_layer(tiny_llama(vocab=16, seed=0))
+    drafter = agreeing_eagle(target, draft_vocab_size=12)
+    drafter.set_draft_vocab(torch.arange(12) + 4)  # ids 0..3 are never proposed
     prompts = random_prompts(12, vocab=16, seed=9, min_len=2, max_len=12)
+    stats = SpeculationStats()
     for batch_size in (2, 6):
         ids, mask = left_pad(prompts[:batch_size])
         free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        eos = [int(free[0, ids.shape[1] + 4])]
+        eos = [int(free[-1, ids.shape[1] + 4])]  # the last row stops early
         kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
         expected = target.generate(ids, **kwargs)
         for k in (2, 5):
-            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, **kwargs)
+            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
+                                  speculation_stats=stats, **kwargs)
             assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+    assert_speculated(stats, depth=3, rows=6, uneven=True)
 
 
 class RecordingEagle(EagleDrafter):
@@ -93,29 +107,41 @@ def test_eagle_receives_the_targets_real_hidden_states(one_thread):
         torch.testing.assert_close(got, captured[0][0, : len(got)], atol=1e-4, rtol=1e-4)
 
 
-def test_eagle_sampling_matches_target(one_thread):
-    target = tiny_llama(vocab=12, seed=0)
-    drafter = eagle_for(target)
+def eagle_sampling_pvalue(drafter_transform=lambda d: d, stats=None):
+    target = quiet_last_layer(tiny_llama(vocab=12, seed=0))
+    drafter = drafter_transform(EagleDrafter(agreeing_eagle(target)))
     prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
-    samples = sample_sequences(
-        lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=2,
-                                **kwargs),
-        prompt.shape[1], 6000, seed=0,
-    )
-    assert chi_square_pvalue(samples, exact) > 1e-3
+    kwargs = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: second drafts get verified
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 4)
+    drawn = sample_in_batches(target, prompt, 20_000, custom_generate=speculative_generate, assistant=drafter,
+                              num_draft_tokens=2, speculation_stats=stats, **kwargs)
+    return chi_square_pvalue(drawn, exact)
+
+
+def test_eagle_sampling_matches_target(one_thread):
+    stats = SpeculationStats()
+    assert eagle_sampling_pvalue(stats=stats) > 1e-3
+    assert_speculated(stats, depth=2, row_groups=1, uneven=True)
+
+
+def test_eagle_sampling_negative_control_second_draft(one_thread):
+    """The test sees a wrong q at EAGLE's second draft only: it really verifies second drafts."""
+    assert eagle_sampling_pvalue(lie_about_second_q, SpeculationStats()) < 1e-6
 
 
 def test_eagle_round_trip_and_clear_errors(tmp_path, one_thread):
-    target = tiny_llama(vocab=16, seed=0)
-    drafter = eagle_for(target, draft_vocab_size=8)
+    target = quiet_last_layer(tiny_llama(vocab=16, seed=0))
+    drafter = agreeing_eagle(target, draft_vocab_size=14)
+    drafter.set_draft_vocab(torch.arange(14) + 2)
     drafter.save_pretrained(tmp_path)
     loaded = SpecDrafterForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert loaded.config.target_feature_input
-    prompt = random_prompts(1, vocab=16, seed=1)[0]
-    a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12, do_sample=False)
-    assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    stats = SpeculationStats()
+    for prompt in random_prompts(3, vocab=16, seed=1):
+        a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12,
+                            do_sample=False, speculation_stats=stats)
+        assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    assert_speculated(stats)
     with pytest.raises(ValueError, match="target_features"):
         loaded.bind_target(target)(input_ids=prompt)
     with pytest.raises(TypeError, match="target_feature_input"):

@@ -13,4 +13,5 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.slow
 def test_quickstart_runs(capsys):
     runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="__main__")
-    assert "tokens per target forward" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert float(out.split("tokens per target forward:")[1].split()[0]) > 1.0  # it speculated

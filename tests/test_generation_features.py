@@ -9,6 +9,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCrite
 import hf_specdec
 from hf_specdec import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
 from tests.conftest import perturbed_copy, random_prompts, tiny_char_tokenizer, tiny_llama
+from tests.speculation import assert_speculated
 
 PROMPTS = random_prompts(12, seed=7)
 
@@ -19,11 +20,18 @@ def pair():
     return target, perturbed_copy(target)
 
 
-def spec(target, drafter, prompt, k=4, **kwargs):
-    return target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, **kwargs)
+@pytest.fixture
+def stats():
+    """Every speculative call of a test adds to this; the test then asserts that speculation really happened."""
+    return SpeculationStats()
 
 
-def test_several_eos_ids_stop_where_plain_stops(pair):
+def spec(target, drafter, prompt, k=4, stats=None, **kwargs):
+    return target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
+                           speculation_stats=stats, **kwargs)
+
+
+def test_several_eos_ids_stop_where_plain_stops(pair, stats):
     target, drafter = pair
     stopped_early = 0
     for prompt in PROMPTS:
@@ -31,12 +39,14 @@ def test_several_eos_ids_stop_where_plain_stops(pair):
         eos = [free[6], free[11], 95]  # tokens plain decoding really emits, so generation stops inside a block
         expected = target.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos)
         for k in (2, 5):
-            assert torch.equal(spec(target, drafter, prompt, k=k, max_new_tokens=30, eos_token_id=eos), expected)
+            assert torch.equal(spec(target, drafter, prompt, k=k, stats=stats, max_new_tokens=30, eos_token_id=eos),
+                               expected)
         stopped_early += expected.shape[1] < prompt.shape[1] + 30
     assert stopped_early == len(PROMPTS)
+    assert_speculated(stats, depth=3)
 
 
-def test_stop_strings_and_custom_criteria_cut_inside_accepted_block(pair):
+def test_stop_strings_and_custom_criteria_cut_inside_accepted_block(pair, stats):
     target, drafter = pair
     tokenizer = tiny_char_tokenizer()
     for prompt in PROMPTS:
@@ -45,18 +55,20 @@ def test_stop_strings_and_custom_criteria_cut_inside_accepted_block(pair):
         expected = target.generate(prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
         assert expected.shape[1] < prompt.shape[1] + 30
         criteria = StoppingCriteriaList([StopStringCriteria(tokenizer=tokenizer, stop_strings=[stop])])
-        out = spec(target, drafter, prompt, k=6, max_new_tokens=30, do_sample=False, stopping_criteria=criteria)
+        out = spec(target, drafter, prompt, k=6, stats=stats, max_new_tokens=30, do_sample=False,
+                   stopping_criteria=criteria)
         assert torch.equal(out, expected)
         # the enable() route takes stop_strings + tokenizer like plain generate()
         hf_specdec.enable(target)
         try:
             out = target.generate(
                 prompt, assistant=drafter, num_draft_tokens=6, max_new_tokens=30, do_sample=False,
-                stop_strings=[stop], tokenizer=tokenizer,
+                stop_strings=[stop], tokenizer=tokenizer, speculation_stats=stats,
             )
         finally:
             hf_specdec.disable(target)
         assert torch.equal(out, expected)
+    assert_speculated(stats, depth=3)
 
 
 class StopAfterToken(StoppingCriteria):
@@ -67,21 +79,25 @@ class StopAfterToken(StoppingCriteria):
         return input_ids[:, -1] == self.token
 
 
-def test_custom_stopping_criterion(pair):
+def test_custom_stopping_criterion(pair, stats):
     target, drafter = pair
-    prompt = PROMPTS[0]
-    token = target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] + 8].item()
-    criteria = StoppingCriteriaList([StopAfterToken(token)])
-    expected = target.generate(prompt, max_new_tokens=20, do_sample=False, stopping_criteria=criteria)
-    assert torch.equal(spec(target, drafter, prompt, k=8, max_new_tokens=20, stopping_criteria=criteria), expected)
+    for prompt in PROMPTS[:4]:
+        token = target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] + 8].item()
+        criteria = StoppingCriteriaList([StopAfterToken(token)])
+        expected = target.generate(prompt, max_new_tokens=20, do_sample=False, stopping_criteria=criteria)
+        assert torch.equal(spec(target, drafter, prompt, k=8, stats=stats, max_new_tokens=20, stopping_criteria=criteria),
+                           expected)
+    assert_speculated(stats, depth=3)
 
 
-def test_static_cache_matches_plain(pair):
+def test_static_cache_matches_plain(pair, stats):
     target, drafter = pair
     for prompt in PROMPTS[:6]:
         expected = target.generate(prompt, max_new_tokens=25, do_sample=False)
-        out = spec(target, drafter, prompt, k=5, max_new_tokens=25, do_sample=False, cache_implementation="static")
+        out = spec(target, drafter, prompt, k=5, stats=stats, max_new_tokens=25, do_sample=False,
+                   cache_implementation="static")
         assert torch.equal(out, expected)
+    assert_speculated(stats, depth=3)
 
 
 def test_return_dict_scores_and_logits_one_per_token(pair):
@@ -101,6 +117,7 @@ def test_return_dict_scores_and_logits_one_per_token(pair):
     stats = out.speculation_stats
     assert stats.emitted_tokens == 15 and stats.target_forwards < 15
     assert len(stats.acceptance_by_position) == 4
+    assert_speculated(stats, depth=2)
 
 
 class CollectingStreamer(TextStreamer):
@@ -112,7 +129,7 @@ class CollectingStreamer(TextStreamer):
         self.text += text
 
 
-def test_streamer_output_equals_returned_text(pair):
+def test_streamer_output_equals_returned_text(pair, stats):
     target, drafter = pair
     tokenizer = tiny_char_tokenizer()
     prompt = PROMPTS[2]
@@ -120,27 +137,29 @@ def test_streamer_output_equals_returned_text(pair):
     try:
         streamer = CollectingStreamer(tokenizer)
         out = target.generate(prompt, assistant=drafter, num_draft_tokens=4, max_new_tokens=25, do_sample=False,
-                              streamer=streamer)
+                              streamer=streamer, speculation_stats=stats)
     finally:
         hf_specdec.disable(target)
     assert torch.equal(out, target.generate(prompt, max_new_tokens=25, do_sample=False))
     assert streamer.text == tokenizer.decode(out[0, prompt.shape[1] :])
     assert len(streamer.text) > 0
+    assert_speculated(stats, depth=2)
 
 
-def test_bf16_drafter_with_fp32_target_is_exact(pair):
+def test_bf16_drafter_with_fp32_target_is_exact(pair, stats):
     target, drafter = pair
     low = perturbed_copy(target).to(torch.bfloat16)
     for prompt in PROMPTS[:4]:
-        assert torch.equal(spec(target, low, prompt, max_new_tokens=20, do_sample=False),
+        assert torch.equal(spec(target, low, prompt, stats=stats, max_new_tokens=20, do_sample=False),
                            target.generate(prompt, max_new_tokens=20, do_sample=False))
+    assert_speculated(stats, depth=2)
 
 
-def test_stats_accumulate_across_calls(pair):
+def test_stats_accumulate_across_calls(pair, stats):
     target, drafter = pair
-    stats = SpeculationStats()
     for prompt in PROMPTS[:3]:
-        spec(target, drafter, prompt, max_new_tokens=10, do_sample=False, speculation_stats=stats)
+        spec(target, drafter, prompt, max_new_tokens=10, do_sample=False, stats=stats)
     assert stats.emitted_tokens == 30
-    assert 1.0 <= stats.mean_accepted_tokens <= 5.0
+    assert_speculated(stats, depth=2)
+    assert 1.0 < stats.mean_accepted_tokens <= 5.0
     assert set(stats.as_dict()) >= {"target_forwards", "mean_accepted_tokens", "acceptance_by_position"}

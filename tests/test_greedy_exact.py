@@ -10,6 +10,7 @@ import torch
 import hf_specdec
 from hf_specdec import DraftModelDrafter, NgramDrafter, SpeculationStats, speculative_generate
 from tests.conftest import ARCHITECTURES, VOCAB, perturbed_copy, random_prompts
+from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated
 
 NEW_TOKENS = 20
 PROMPTS = random_prompts(50)
@@ -55,7 +56,7 @@ def test_greedy_identical_to_plain(arch_name):
             if drafter_name == "target_itself":
                 assert stats.accepted_tokens == stats.drafted_tokens
             if drafter_name == "mostly_agrees":
-                assert 0 < stats.accepted_tokens < stats.drafted_tokens
+                assert_speculated(stats, depth=min(k, 3), what=f"{arch_name}/k={k}")
 
 
 def test_ngram_drafter_greedy_identical(arch):
@@ -68,7 +69,7 @@ def test_ngram_drafter_greedy_identical(arch):
             assistant=NgramDrafter(), num_draft_tokens=4, speculation_stats=stats,
         )
         assert torch.equal(out, expected)
-    assert stats.accepted_tokens > 0  # random models repeat themselves, so lookup finds something
+    assert_speculated(stats, depth=2)  # random models repeat themselves, so lookup finds something
 
 
 def test_enable_route_matches_plain_and_disable_restores():
@@ -77,9 +78,12 @@ def test_enable_route_matches_plain_and_disable_restores():
     prompt = PROMPTS[0]
     expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
     hf_specdec.enable(target)
+    stats = SpeculationStats()
     try:
-        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant=drafter, num_draft_tokens=3)
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant=drafter, num_draft_tokens=3,
+                              speculation_stats=stats)
         assert torch.equal(out, expected)
+        assert_speculated(stats, depth=2)
         assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False), expected)
     finally:
         hf_specdec.disable(target)
@@ -88,43 +92,56 @@ def test_enable_route_matches_plain_and_disable_restores():
 
 
 def test_repetition_penalty_and_min_new_tokens_greedy():
-    """Logits processors are applied at every draft position on the exact prefix."""
+    """Logits processors are applied at every draft position on the exact prefix: a repetition penalty and n-gram
+    blocking that change the argmax, and min_new_tokens holding back an EOS that plain decoding would emit early."""
     target = ARCHITECTURES["llama"]()
     drafter = perturbed_copy(target)
+    stats, held_back = SpeculationStats(), 0
     for prompt in PROMPTS[:10]:
-        kwargs = dict(max_new_tokens=25, do_sample=False, repetition_penalty=1.5, no_repeat_ngram_size=3)
+        free = target.generate(prompt, max_new_tokens=25, do_sample=False, repetition_penalty=1.5,
+                               no_repeat_ngram_size=3)[0, prompt.shape[1] :]
+        eos = int(free[2])  # plain decoding would stop at token 3; min_new_tokens=12 forbids EOS before token 12
+        kwargs = dict(max_new_tokens=25, do_sample=False, repetition_penalty=1.5, no_repeat_ngram_size=3,
+                      eos_token_id=eos, min_new_tokens=12)
         expected = target.generate(prompt, **kwargs)
-        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4, **kwargs)
+        held_back += expected.shape[1] - prompt.shape[1] >= 12
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
+                              speculation_stats=stats, **kwargs)
         assert torch.equal(out, expected)
+    assert held_back == 10  # min_new_tokens really changed the output
+    assert_speculated(stats, depth=3)
 
 
 def test_fast_cpu_verify_off_is_also_exact():
     target = ARCHITECTURES["qwen2"]()
     drafter = perturbed_copy(target)
+    stats = SpeculationStats()
     for prompt in PROMPTS[:10]:
         expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
         out = target.generate(
             prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
-            assistant=drafter, num_draft_tokens=3, fast_cpu_verify=False,
+            assistant=drafter, num_draft_tokens=3, fast_cpu_verify=False, speculation_stats=stats,
         )
         assert torch.equal(out, expected)
+    assert_speculated(stats, depth=3)
 
 
 @pytest.mark.parametrize("arch_name", ["llama", "gpt2"])
 def test_adaptive_draft_length_is_exact(arch_name):
+    """Lengths chosen step by step (scripted costs, so drafting pays and the choices are deterministic) and the
+    drafter's confidence stops leave the output plain greedy's."""
     target = ARCHITECTURES[arch_name]()
-    assistant = perturbed_copy(target, scale=0.3)
-    stats = SpeculationStats()
+    assistant = perturbed_copy(target, scale=0.05)
+    stats, policy = SpeculationStats(), ScriptedCosts()
     for prompt in PROMPTS[:25]:
         expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
         out = target.generate(
             prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
-            assistant=assistant, num_draft_tokens=6, draft_length="adaptive", speculation_stats=stats,
+            assistant=assistant, num_draft_tokens=6, draft_length=policy, speculation_stats=stats,
         )
         assert torch.equal(out, expected)
-    # the policy really varied the length: some steps drafted, some drafted fewer than the cap (or nothing)
-    assert 0 < stats.drafted_by_position[-1] and (
-        stats.drafted_by_position[0] > stats.drafted_by_position[-1] or stats.drafted_by_position[0] < stats.target_forwards)
+    assert_speculated(stats, depth=2)
+    assert_adapted(policy)
 
 
 def test_adaptive_policy_weighs_acceptance_against_step_cost():
@@ -189,14 +206,15 @@ def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
             tried.append(num_drafted)
 
     target = ARCHITECTURES["llama"]()
-    drafter = DraftModelDrafter(perturbed_copy(target, scale=0.3))
+    drafter = DraftModelDrafter(perturbed_copy(target))
     for threshold, expected_tried in ((1.01, 2), (None, 3)):  # 1.01: every draft after the first is unsure
-        tried = []
+        tried, stats = [], SpeculationStats()
         for prompt in PROMPTS[:5]:
             out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
-                                  assistant=drafter, num_draft_tokens=3,
+                                  assistant=drafter, num_draft_tokens=3, speculation_stats=stats,
                                   draft_length=Recording(confidence_threshold=threshold))
             assert torch.equal(out, target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False))
+        assert_speculated(stats, depth=1 if threshold else 3)
         # every step tries the expected positions, but the last steps of each call (capped by max_length)
         assert max(tried) == expected_tried and tried.count(expected_tried) >= len(tried) - 5 * 3
 

@@ -222,8 +222,11 @@ def test_custom_generate_takes_an_explicit_drafter(world):
     target = world["target"]
     prompt = random_prompts(1, seed=5)[0]
     plain = target.generate(prompt, max_new_tokens=10, do_sample=False)
-    out = generate(target, drafter=str(world["agreeing"]), inputs=prompt, max_new_tokens=10, do_sample=False)
+    stats = hf_specdec.SpeculationStats()
+    out = generate(target, drafter=str(world["agreeing"]), inputs=prompt, max_new_tokens=10, do_sample=False,
+                   speculation_stats=stats)
     assert torch.equal(out, plain)
+    assert stats.accepted_tokens > 0 and stats.target_forwards < stats.emitted_tokens
     with pytest.raises(ValueError, match="drafter="):
         generate(target, inputs=prompt, max_new_tokens=10)
     with pytest.raises(ValueError, match="drop `assistant=`"):

@@ -9,8 +9,29 @@ from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats,
 from hf_specdec.drafters import MedusaDrafter, as_drafter
 from hf_specdec.modeling_drafter import TargetNotBoundError
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
-from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_heads, lie_about_second_q
 from tests.test_batch import PAD, left_pad
+
+PROMPTS16 = random_prompts(10, vocab=16, seed=6)
+SAMPLING_PROMPT = torch.tensor([[1, 5, 7, 2]])
+SAMPLING = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: depth-2 drafts get verified
+
+
+def sampling_pvalue(target, drafter, stats, samples=20_000, **extra):
+    """Chi-square of batched samples against the exact distribution of SAMPLING on SAMPLING_PROMPT."""
+    prompt = SAMPLING_PROMPT
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **SAMPLING), 4)
+    drawn = sample_in_batches(target, prompt, samples, custom_generate=speculative_generate, assistant=drafter,
+                              num_draft_tokens=2, speculation_stats=stats, **SAMPLING, **extra)
+    return chi_square_pvalue(drawn, exact)
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    target = tiny_llama(vocab=12, seed=0)
+    torch.manual_seed(0)  # heads fitted to the target's own samples after the test's prompt: they agree often
+    return target, fitted_heads(target, [SAMPLING_PROMPT] * 300, num_heads=2, **SAMPLING)
 
 
 def noisy_heads(target, num_heads=3, seed=0, scale=0.3):
@@ -47,58 +68,71 @@ def test_unbound_and_mismatched_heads_are_refused():
 @pytest.mark.parametrize("make_target", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
 def test_medusa_chain_greedy_identical(make_target, one_thread):
     target = make_target(vocab=16, seed=0)
-    heads = noisy_heads(target)
+    heads = fitted_heads(target, PROMPTS16)
     assert isinstance(as_drafter(heads), MedusaDrafter)
+    chain = MedusaDrafter(heads, tree="chain")
     stats = SpeculationStats()
-    for prompt in random_prompts(10, vocab=16, seed=6):
+    for prompt in PROMPTS16:
         expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
         for k in (1, 3):
-            out = target.generate(prompt, custom_generate=speculative_generate, assistant=heads, num_draft_tokens=k,
+            out = target.generate(prompt, custom_generate=speculative_generate, assistant=chain, num_draft_tokens=k,
                                   max_new_tokens=24, do_sample=False, speculation_stats=stats)
             assert torch.equal(out, expected)
-    assert 0 < stats.accepted_tokens < stats.drafted_tokens
+    assert_speculated(stats, depth=3)
 
 
-def test_medusa_batched_greedy_identical_with_eos(one_thread):
+def test_medusa_chain_batched_greedy_identical_with_eos(one_thread):
     target = tiny_llama(vocab=16, seed=0)
-    heads = noisy_heads(target)
     prompts = random_prompts(8, vocab=16, seed=9, min_len=2, max_len=12)
+    chain = MedusaDrafter(fitted_heads(target, prompts), tree="chain")
+    stats = SpeculationStats()
     for batch_size in (2, 5):
         ids, mask = left_pad(prompts[:batch_size])
         free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
         kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD,
                       eos_token_id=[int(free[0, ids.shape[1] + 4])])
         expected = target.generate(ids, **kwargs)
-        out = target.generate(ids, custom_generate=speculative_generate, assistant=heads, num_draft_tokens=3, **kwargs)
+        out = target.generate(ids, custom_generate=speculative_generate, assistant=chain, num_draft_tokens=3,
+                              speculation_stats=stats, **kwargs)
         assert torch.equal(out, expected), f"batch={batch_size}"
+    assert_speculated(stats, depth=2, rows=2, uneven=True)
 
 
-def test_medusa_sampling_matches_target(one_thread):
-    target = tiny_llama(vocab=12, seed=0)
-    heads = noisy_heads(target, num_heads=2)
-    prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
-    samples = sample_sequences(
-        lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=heads, num_draft_tokens=2, **kwargs),
-        prompt.shape[1], 6000, seed=0,
-    )
-    assert chi_square_pvalue(samples, exact) > 1e-3
+def test_medusa_chain_sampling_with_the_heads_q_matches_target(sampling_target, one_thread):
+    """The chain drafts one draw from each head's processed distribution and reports it as q."""
+    target, heads = sampling_target
+    stats = SpeculationStats()
+    assert sampling_pvalue(target, MedusaDrafter(heads, tree="chain"), stats) > 1e-3
+    assert_speculated(stats, depth=2, row_groups=1, uneven=True)
+
+
+def test_medusa_chain_sampling_negative_control(sampling_target, one_thread):
+    """The test sees a wrong q at the second head only."""
+    target, heads = sampling_target
+    assert sampling_pvalue(target, lie_about_second_q(MedusaDrafter(heads, tree="chain")), SpeculationStats()) < 1e-6
 
 
 def test_medusa_round_trip(tmp_path, one_thread):
     target = tiny_llama(vocab=16, seed=0)
     heads = noisy_heads(target)
+    with torch.no_grad():  # blocks of the noisy heads, fitted LM heads of their own: heads that agree often
+        fitted = fitted_heads(target, PROMPTS16)
+        heads = MedusaHeads(MedusaConfig.from_target(target.config, num_heads=3, num_layers=1, share_lm_head=False))
+        heads.load_state_dict({**noisy_heads(target, scale=0.01).state_dict(), **fitted.state_dict()}, strict=False)
     heads.config.save_dtype = None  # exact weights on disk, so the reloaded heads decode identically
     heads.save_pretrained(tmp_path)
     loaded = AutoDrafter.from_pretrained(tmp_path, target=target)
     assert isinstance(loaded, MedusaHeads) and loaded.config.num_heads == 3
     for (name, a), b in zip(heads.state_dict().items(), loaded.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
-    prompt = random_prompts(1, vocab=16, seed=2)[0]
-    runs = [target.generate(prompt, custom_generate=speculative_generate, assistant=h, max_new_tokens=16, do_sample=False,
-                            speculation_stats=s) for h, s in ((heads, SpeculationStats()), (loaded, SpeculationStats()))]
-    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], target.generate(prompt, max_new_tokens=16, do_sample=False))
+    stats = [SpeculationStats(), SpeculationStats()]
+    for prompt in PROMPTS16[:3]:
+        runs = [target.generate(prompt, custom_generate=speculative_generate, assistant=h, max_new_tokens=16,
+                                do_sample=False, speculation_stats=s) for h, s in zip((heads, loaded), stats)]
+        assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], target.generate(prompt, max_new_tokens=16,
+                                                                                     do_sample=False))
+    assert stats[0].accepted_by_position == stats[1].accepted_by_position
+    assert_speculated(stats[1], depth=2)
 
 
 # --- trees: one forward with a tree attention mask ---------------------------------------------------------------------
@@ -134,45 +168,77 @@ def test_tree_forward_matches_plain_forwards_of_each_path(one_thread):
 @pytest.mark.parametrize("make_target", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
 def test_medusa_tree_greedy_identical(make_target, one_thread):
     target = make_target(vocab=16, seed=0)
-    heads = noisy_heads(target, num_heads=4)
+    heads = fitted_heads(target, PROMPTS16, num_heads=4)
     trees = {"default": "default", "wide": [[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]], "deep": [[0], [0, 0], [0, 0, 0]],
              "calibrated": 12}
     heads.config.head_accuracy = [[0.4, 0.2, 0.1, 0.05], [0.3, 0.1, 0.05, 0.01], [0.2, 0.1, 0.05, 0.01], [0.2, 0.1, 0.0, 0.0]]
     for name, tree in trees.items():
         drafter = MedusaDrafter(heads, tree=tree)
         stats = SpeculationStats()
-        for prompt in random_prompts(6, vocab=16, seed=6):
+        for prompt in PROMPTS16[:6]:
             expected = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.2)
             for k in (2, 4):
                 out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
                                       max_new_tokens=20, do_sample=False, repetition_penalty=1.2, speculation_stats=stats)
                 assert torch.equal(out, expected), name
-        assert stats.accepted_tokens > 0, name
+        assert_speculated(stats, depth=2, what=name)
 
 
 def test_medusa_tree_in_batches_with_eos(one_thread):
     target = tiny_llama(vocab=16, seed=0)
-    drafter = MedusaDrafter(noisy_heads(target, num_heads=4))
     prompts = random_prompts(6, vocab=16, seed=9, min_len=2, max_len=12)
+    drafter = MedusaDrafter(fitted_heads(target, prompts, num_heads=4))
     ids, mask = left_pad(prompts)
     free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
     kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD,
                   eos_token_id=[int(free[0, ids.shape[1] + 4])])
-    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, **kwargs)
+    stats = SpeculationStats()
+    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, speculation_stats=stats, **kwargs)
     assert torch.equal(out, target.generate(ids, **kwargs))
+    assert_speculated(stats, depth=2, rows=2, uneven=True)
 
 
-def test_medusa_tree_sampling_matches_target(one_thread):
-    target = tiny_llama(vocab=12, seed=0)
-    drafter = MedusaDrafter(noisy_heads(target, num_heads=2), tree=[[0], [1], [2], [0, 0], [1, 0]])
-    prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
-    samples = sample_sequences(
-        lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=2, **kwargs),
-        prompt.shape[1], 6000, seed=0,
-    )
-    assert chi_square_pvalue(samples, exact) > 1e-3
+SIBLING_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # siblings at depth 1 and at depth 2
+
+
+def test_medusa_tree_sampling_matches_target(sampling_target, one_thread):
+    """Recursive rejection over siblings, at depth 1 and depth 2."""
+    target, heads = sampling_target
+    stats = SpeculationStats()
+    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), stats) > 1e-3
+    assert_speculated(stats, depth=2, row_groups=1, uneven=True)
+
+
+def wrong_below_the_root(tokens, parents, target_probs, generator=None):
+    """`rejection_sample_tree` with a rule that is easy to get wrong: after a rejected sibling BELOW the root, the
+    next sibling is tried against p itself instead of the residual norm(max(0, p' - onehot))."""
+    from hf_specdec.verification import residual_distribution
+
+    children = {}
+    for i, parent in enumerate(parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1].clone()
+        for child in children.get(node, []):
+            x = int(tokens[child])
+            if torch.rand((), generator=generator) < p[x]:
+                path.append(child)
+                node = child
+                break
+            if node < 0:  # the root's siblings get the right residual; deeper ones do not
+                p = residual_distribution(p[None], torch.nn.functional.one_hot(tokens[child : child + 1], p.shape[-1]).float())[0]
+        else:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+
+
+def test_medusa_tree_sampling_negative_control_at_depth_two(sampling_target, one_thread, monkeypatch):
+    """The test sees an error that only touches siblings at depth 2: it really verifies them."""
+    import hf_specdec.decoding
+
+    target, heads = sampling_target
+    monkeypatch.setattr(hf_specdec.decoding, "rejection_sample_tree", wrong_below_the_root)
+    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), SpeculationStats()) < 1e-6
 
 
 def test_best_tree_takes_the_most_likely_nodes():
@@ -204,12 +270,11 @@ def test_bad_trees_are_refused():
         MedusaDrafter(heads, tree=[[0], [0, 0], [0, 0, 0]])
 
 
-def test_typical_acceptance_is_opt_in_lossy_and_checked(one_thread):
+def test_typical_acceptance_is_opt_in_lossy_and_checked(sampling_target, one_thread):
     import warnings
 
-    target = tiny_llama(vocab=12, seed=0)
-    heads = noisy_heads(target, num_heads=2)
-    prompt = torch.tensor([[1, 5, 7, 2]])
+    target, heads = sampling_target
+    prompt = SAMPLING_PROMPT
     base = dict(custom_generate=speculative_generate, max_new_tokens=3)
     with pytest.raises(ValueError, match="sampling rule"):
         target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=False, verification="typical", **base)
@@ -219,27 +284,40 @@ def test_typical_acceptance_is_opt_in_lossy_and_checked(one_thread):
         target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="typical", **base)
     # With a bar no token clears (threshold 1), every draft is rejected and each token is drawn from the target after
     # the accepted prefix: the output is then exactly the target's distribution, through both the chain and tree paths.
-    kwargs = dict(do_sample=True, max_new_tokens=3, temperature=0.8, top_k=6)
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 3)
-    for tree in ("chain", [[0], [1], [0, 0]]):
-        drafter = MedusaDrafter(heads, tree=tree)
+    for tree in ("chain", SIBLING_TREE):
+        stats = SpeculationStats()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            samples = sample_sequences(
-                lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, verification="typical",
-                                        typical_threshold=1.0, typical_alpha=100.0, **kwargs),
-                prompt.shape[1], 3000, seed=1,
-            )
-        assert chi_square_pvalue(samples, exact) > 1e-3, tree
+            p = sampling_pvalue(target, MedusaDrafter(heads, tree=tree), stats, samples=5000, verification="typical",
+                                typical_threshold=1.0, typical_alpha=100.0)
+        assert p > 1e-3, tree
+        assert stats.drafted_by_position[:2] > [0, 0] and stats.accepted_tokens == 0, stats.as_dict()
+
+
+@pytest.mark.parametrize("tree", ["chain", SIBLING_TREE], ids=["chain", "tree"])
+def test_typical_acceptance_accepts_and_is_lossy(sampling_target, tree, one_thread):
+    """With a bar of 0 every draft the target gives any probability passes: most drafts are accepted, every token
+    stays in the target's support, and the output is measurably NOT the target's distribution (the lossy rule ran)."""
+    import warnings
+
+    target, heads = sampling_target
+    stats = SpeculationStats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        p = sampling_pvalue(target, MedusaDrafter(heads, tree=tree), stats, samples=5000, verification="typical",
+                            typical_threshold=0.0, typical_alpha=0.0)
+    assert p < 1e-6
+    assert_speculated(stats, depth=2)
 
 
 def test_medusa_chain_adaptive_length_is_exact(one_thread):
     target = tiny_llama(vocab=16, seed=0)
-    drafter = MedusaDrafter(noisy_heads(target, num_heads=4), tree="chain")
-    stats = SpeculationStats()
-    for prompt in random_prompts(6, vocab=16, seed=3):
+    drafter = MedusaDrafter(fitted_heads(target, PROMPTS16, num_heads=4), tree="chain")
+    stats, policy = SpeculationStats(), ScriptedCosts()
+    for prompt in PROMPTS16:
         expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
-                              draft_length="adaptive", max_new_tokens=20, do_sample=False, speculation_stats=stats)
+                              draft_length=policy, max_new_tokens=20, do_sample=False, speculation_stats=stats)
         assert torch.equal(out, expected)
-    assert stats.drafted_tokens > 0
+    assert_speculated(stats, depth=2)
+    assert_adapted(policy)

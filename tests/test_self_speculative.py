@@ -12,6 +12,7 @@ from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec.drafters import SelfSpeculativeDrafter, as_drafter
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
+from tests.speculation import assert_speculated
 
 LAYERS = 3
 NEW_TOKENS = 20
@@ -68,7 +69,7 @@ def test_greedy_identical_to_plain(arch_name):
             for prompt, expected in zip(PROMPTS, plain):
                 out = _speculative(target, prompt, drafter, k, stats, max_new_tokens=NEW_TOKENS, do_sample=False)
                 assert torch.equal(out, expected), f"{arch_name}/L={num_layers}/k={k}: output differs from plain"
-        assert stats.drafted_tokens > 0 and stats.accepted_tokens < stats.drafted_tokens
+        assert_speculated(stats, depth=2, what=f"{arch_name}/L={num_layers}")
 
 
 @pytest.mark.parametrize("arch_name", sorted(BUILDERS))
@@ -83,6 +84,7 @@ def test_all_layers_accepts_every_draft(arch_name):
             assert torch.equal(out, expected)
             assert stats.target_forwards - before == math.ceil(NEW_TOKENS / (k + 1))  # k+1 tokens per target forward
         assert stats.accepted_tokens == stats.drafted_tokens
+        assert_speculated(stats, depth=k, rejected=False)
 
 
 @pytest.mark.parametrize("arch_name", ["llama", "qwen2", "gpt2"])
@@ -109,6 +111,7 @@ def test_kv_reuse_runs_each_early_layer_once_per_token(arch_name):
                 assert seen["first"] == verified
             else:
                 assert seen["first"] > verified
+            assert_speculated(stats)
     finally:
         for hook in hooks:
             hook.remove()
@@ -117,11 +120,13 @@ def test_kv_reuse_runs_each_early_layer_once_per_token(arch_name):
 def test_greedy_with_processors_and_default_layer_count():
     target = tiny_llama(layers=4)
     drafter = SelfSpeculativeDrafter()  # half the layers
+    stats = SpeculationStats()
     for prompt in PROMPTS[:5]:
         kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, repetition_penalty=1.4, no_repeat_ngram_size=3)
         expected = target.generate(prompt, **kwargs)
-        assert torch.equal(_speculative(target, prompt, drafter, 3, SpeculationStats(), **kwargs), expected)
+        assert torch.equal(_speculative(target, prompt, drafter, 3, stats, **kwargs), expected)
     assert drafter.num_layers == 2
+    assert_speculated(stats, depth=2)
 
 
 def test_unsupported_architecture_and_bad_layer_counts_are_refused_before_any_forward():
@@ -163,8 +168,9 @@ def _sampled(target, num_layers, num_samples, config, stats):
 
 def test_sampling_matches_target(sampling_target):
     stats = SpeculationStats()
-    pvalue = _sampled(sampling_target, 1, 8_000, dict(temperature=0.8, top_k=6), stats)
+    pvalue = _sampled(sampling_target, 1, 6_000, dict(temperature=0.8, top_k=6), stats)
     assert pvalue > 1e-3
+    assert_speculated(stats, depth=2)
     assert 0.05 < stats.acceptance_rate < 0.95  # a real mix of acceptances and rejections
 
 
@@ -172,6 +178,7 @@ def test_sampling_with_all_layers_accepts_nearly_everything(sampling_target):
     stats = SpeculationStats()
     pvalue = _sampled(sampling_target, 3, 1_000, dict(top_p=0.9), stats)
     assert pvalue > 1e-3
+    assert_speculated(stats, depth=2, rejected=False)
     assert stats.acceptance_rate > 0.99  # q equals p up to rounding
 
 

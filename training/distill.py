@@ -957,6 +957,9 @@ def evaluate(accelerator, model, target, tokenizer, heldout: TeacherData, args: 
         "eval_prompts": n_prompts,
         "eval_max_new_tokens": args.eval_max_new_tokens,
         "target_forwards": int(tot[2]),
+        "emitted_tokens": int(tot[3]),
+        "drafted_tokens": int(tot[4]),
+        "accepted_tokens": int(tot[5]),
         "draft_ms_per_token": 1000 * tot[-2] / max(tot[4], 1),
         "target_ms_per_forward": 1000 * tot[-1] / max(tot[2], 1),
     }

@@ -1,0 +1,164 @@
+"""What every exactness test needs besides the comparison: proof that the speculative path it names really ran.
+
+"Identical to plain generate()" holds trivially when no draft is ever accepted, and a chi-square passes trivially when
+nothing is proposed. So each test collects a `SpeculationStats` over its calls and asserts, with `assert_speculated`,
+that drafts were proposed and accepted (and rejected, where it claims the rejection path) at every draft position or
+tree depth it claims, in every batch row it claims, with fewer target forwards than tokens.
+
+Also here: drafters built to agree with tiny random targets (so that deep drafts are accepted often enough to be
+tested), and an adaptive length policy with scripted step costs (so that drafting pays and the test is deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec import MedusaConfig, MedusaHeads
+from hf_specdec.draft_length import AdaptiveDraftLength
+from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.ragged_cache import final_norm
+
+
+def assert_speculated(stats, *, depth: int = 1, rejected: bool = True, rows: int = 0, uneven: bool = False,
+                      row_groups: int = 0, what: str = "") -> None:
+    """Fail unless `stats` shows real speculation.
+
+    depth: draft positions (tree depths) 1..depth each had drafts proposed AND accepted.
+    rejected: some drafts were rejected too (the roll-back path ran).
+    rows: batch rows 0..rows-1 each had drafts accepted.
+    uneven: in some batched step the rows accepted different numbers of drafts (ragged cache holes).
+    row_groups: the batch rows split into this many equal groups (one prompt repeated in each) each had drafts accepted.
+    """
+    s, label = stats, f"{what}: " if what else ""
+    assert s.drafted_tokens > 0, f"{label}nothing was drafted: {s.as_dict()}"
+    assert s.accepted_tokens > 0, f"{label}no draft was accepted, so the output equals plain decoding trivially"
+    assert s.target_forwards < s.emitted_tokens, f"{label}no fewer target forwards than tokens: {s.as_dict()}"
+    for i in range(depth):
+        drafted = s.drafted_by_position[i] if i < len(s.drafted_by_position) else 0
+        accepted = s.accepted_by_position[i] if i < len(s.accepted_by_position) else 0
+        assert drafted > 0 and accepted > 0, (
+            f"{label}draft position {i + 1} was never proposed and accepted (drafted {s.drafted_by_position}, "
+            f"accepted {s.accepted_by_position})")
+    if rejected:
+        assert s.accepted_tokens < s.drafted_tokens, f"{label}every draft was accepted: the rejection path never ran"
+    for b in range(rows):
+        assert b < len(s.accepted_by_row) and s.accepted_by_row[b] > 0, (
+            f"{label}batch row {b} never had a draft accepted (accepted by row: {s.accepted_by_row})")
+    if row_groups:
+        size = len(s.accepted_by_row) // row_groups
+        sums = [sum(s.accepted_by_row[g * size : (g + 1) * size]) for g in range(row_groups)]
+        assert all(sums), f"{label}a group of batch rows never had a draft accepted (accepted by group: {sums})"
+    if uneven:
+        assert s.uneven_steps > 0, f"{label}the rows of a batch always accepted the same number of drafts"
+
+
+class ScriptedCosts(AdaptiveDraftLength):
+    """The adaptive policy, fed made-up step costs instead of measured ones: drafting a token costs `draft`, a step
+    verifying n tokens `verify + per_token * n` (a GPU-like machine, where drafting pays). Deterministic: the lengths
+    it chooses depend on acceptance alone. Records every length it chose in `chosen`."""
+
+    def __init__(self, draft: float = 0.002, verify: float = 0.1, per_token: float = 0.005, **kwargs):
+        super().__init__(**kwargs)
+        self.costs = (draft, verify, per_token)
+        self.chosen: list[int] = []
+
+    def next_length(self) -> int:
+        self.chosen.append(super().next_length())
+        return self.chosen[-1]
+
+    def record_costs(self, num_drafted, draft_seconds, verify_seconds, num_tried=None):
+        draft, verify, per_token = self.costs
+        tried = num_drafted if num_tried is None else num_tried
+        super().record_costs(num_drafted, draft * tried, verify + per_token * (num_drafted + 1), num_tried=num_tried)
+
+
+def assert_adapted(policy: ScriptedCosts) -> None:
+    """The adaptive policy drafted on most steps and changed its length at least once."""
+    chosen = policy.chosen
+    assert chosen, "the policy was never asked for a length"
+    drafting = sum(k > 0 for k in chosen)
+    assert drafting > 0.5 * len(chosen), f"drafted on only {drafting} of {len(chosen)} steps: {chosen}"
+    assert len(set(chosen)) > 1, f"the length never changed: {chosen}"
+
+
+# --- drafters that agree with a tiny random target --------------------------------------------------------------------
+def quiet_last_layer(target, scale: float = 0.3):
+    """Scale down the residual contributions of the target's last decoder layer, so that its first layers predict
+    most of what it does (drafters copied from those layers then agree often, but not always)."""
+    layer = target.model.layers[-1]
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.mul_(scale)
+        layer.mlp.down_proj.weight.mul_(scale)
+    return target
+
+
+def agreeing_eagle(target, noise: float = 0.01, seed: int = 0, **config_kwargs) -> SpecDrafterForCausalLM:
+    """An EAGLE-style drafter that is the target's first decoder layer (plus its final norm) reading its token
+    embeddings, with a little of the target features fused in: on a `quiet_last_layer` target it accepts often at
+    every position, and the features still change its drafts. Llama- and Qwen2-style targets (the layer is copied)."""
+    biased = target.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2: q/k/v biases, none on o_proj
+    config = drafter_config_from_target(target.config, num_hidden_layers=1, target_feature_input=True,
+                                        **config_kwargs)
+    config.attention_bias = biased
+    drafter = SpecDrafterForCausalLM(config).eval()
+    hidden = config.hidden_size
+    with torch.no_grad():
+        layer = drafter.model.layers[0]
+        missing = layer.load_state_dict(target.model.layers[0].state_dict(), strict=False).missing_keys
+        assert missing == (["self_attn.o_proj.bias"] if biased else []), missing
+        if biased:
+            layer.self_attn.o_proj.bias.zero_()
+        drafter.model.norm.load_state_dict(target.model.norm.state_dict())
+        fuse = torch.zeros(hidden, 2 * hidden)
+        fuse[:, :hidden] = torch.eye(hidden)
+        fuse[:, hidden:] = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(seed)) * noise
+        drafter.model.fuse.weight.copy_(fuse)
+    return drafter
+
+
+@torch.no_grad()
+def fitted_heads(target, prompts, num_heads: int = 3, ridge: float = 1e-3, sharpness: float = 8.0,
+                 **generate_kwargs) -> MedusaHeads:
+    """Medusa heads with LM heads of their own, fitted by least squares to what the target's continuations of
+    `prompts` (greedy, 40 tokens, unless `generate_kwargs` say otherwise: fit sampling tests on samples) put
+    2.. num_heads + 1 tokens after each hidden state: right often, wrong often. `sharpness` scales the fitted logits,
+    so that the heads' sampling distributions are peaked (their argmax does not change)."""
+    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
+    features, futures = [], [[] for _ in range(num_heads)]
+    for prompt in prompts:
+        seq = target.generate(prompt, **generate_kwargs)
+        captured = []
+        hook = final_norm(target).register_forward_hook(lambda module, args, out: captured.append(out))
+        target(seq)
+        hook.remove()
+        for j in range(seq.shape[1] - 1 - num_heads):  # head i at position j: the token at j + 2 + i
+            features.append(captured[0][0, j])
+            for i in range(num_heads):
+                futures[i].append(int(seq[0, j + 2 + i]))
+    x = torch.stack(features)
+    config = MedusaConfig.from_target(target.config, num_heads=num_heads, num_layers=0, share_lm_head=False)
+    heads = MedusaHeads(config).eval()
+    gram = x.T @ x + ridge * torch.eye(x.shape[1])
+    for i in range(num_heads):
+        onehot = torch.nn.functional.one_hot(torch.tensor(futures[i]), config.vocab_size).float()
+        heads.lm_heads[i].weight.copy_(sharpness * torch.linalg.solve(gram, x.T @ onehot).T)
+    return heads
+
+
+def lie_about_second_q(drafter):
+    """A negative control: `drafter` now reports its FIRST draft's distribution for its second draft as well, so that
+    a rule trusting the reported q accepts second drafts with the wrong probability (nothing else changes)."""
+    propose = drafter.propose
+
+    def lying(*args, **kwargs):
+        draft = propose(*args, **kwargs)
+        if draft.probs is not None and draft.num_tokens >= 2:
+            draft.probs = torch.cat([draft.probs[:, :1], draft.probs[:, :1], draft.probs[:, 2:]], dim=1)
+        return draft
+
+    drafter.propose = lying
+    return drafter
+
+
+__all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "quiet_last_layer", "agreeing_eagle", "fitted_heads",
+           "lie_about_second_q"]
