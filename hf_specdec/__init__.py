@@ -1,14 +1,18 @@
 """hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`."""
 
-from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
-from .default_model import load_default_target
-from .drafters import CandidateGeneratorDrafter, Draft, Drafter, DraftModelDrafter, NgramDrafter, as_drafter
-from .enable import disable, enable
-from .modeling_drafter import SpecDrafterConfig, SpecDrafterForCausalLM  # registers the drafter with the Auto classes
-from .modeling_medusa import MedusaConfig, MedusaHeads
-from .auto_drafter import AutoDrafter
-
 __version__ = "0.1.0"
+
+from .assistants import as_drafter
+from .auto_drafter import AutoDrafter
+from .default_model import load_default_target
+from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter, SequenceDrafter
+from .generation.loop import speculative_generate
+from .generation.stats import SpeculationStats, SpeculativeDecoderOnlyOutput
+from .integrations.enable import disable, enable
+from .kinds import DrafterKind, register_drafter_kind
+from .models.medusa import MedusaConfig, MedusaHeads
+from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
+from . import hub  # noqa: F401  (its save hook writes custom_generate/ into every saved drafter)
 
 __all__ = [
     "speculative_generate",
@@ -17,13 +21,17 @@ __all__ = [
     "SpeculationStats",
     "SpeculativeDecoderOnlyOutput",
     "Drafter",
+    "SequenceDrafter",
     "Draft",
     "DraftModelDrafter",
     "NgramDrafter",
-    "CandidateGeneratorDrafter",
     "as_drafter",
     "load_default_target",
     "SpecDrafterConfig",
     "SpecDrafterForCausalLM",
+    "MedusaConfig",
+    "MedusaHeads",
     "AutoDrafter",
+    "DrafterKind",
+    "register_drafter_kind",
 ]

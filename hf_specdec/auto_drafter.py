@@ -1,11 +1,12 @@
-"""`AutoDrafter.from_pretrained(path_or_id, target=None)`: load any drafter the project makes, by reading its config.
+"""`AutoDrafter.from_pretrained(name, target=None)`: load any drafter the project makes, by reading its config.
 
     drafter = hf_specdec.AutoDrafter.from_pretrained("someone/smollm2-drafter", target=target)
+    drafter = hf_specdec.AutoDrafter.from_pretrained("distilled", target=target)   # shipped for the default target
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter)
 
-`model_type == "hf_specdec_drafter"` -> `SpecDrafterForCausalLM` (token-only, or EAGLE-style when
-`config.target_feature_input`), bound to `target` when one is given; any other causal-LM config -> the plain
-`AutoModelForCausalLM`. Each kind is saved with its own `save_pretrained`, so saving and loading are symmetric.
+`name` is a shipped drafter's name, a folder or a Hub id. The config's kind (see `kinds.py`) says which class loads
+it; with `target` the drafter is moved to the target's device and bound to it (drafters that borrow the target's
+embeddings or LM head).
 
 This module is also bundled into every saved drafter's `custom_generate/` folder (see `hf_specdec.hub`), where it
 runs without hf_specdec installed: it imports only transformers and its sibling modules.
@@ -13,43 +14,56 @@ runs without hf_specdec installed: it imports only transformers and its sibling 
 
 from __future__ import annotations
 
-from transformers import AutoModelForCausalLM, PreTrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from pathlib import Path
 
-from .modeling_drafter import MODEL_TYPE, SpecDrafterForCausalLM
-from .modeling_medusa import MEDUSA_MODEL_TYPE, MedusaHeads
+from transformers import PreTrainedConfig
 
-#: config.model_type -> the class that loads it. A new drafter kind adds its entry here.
-DRAFTER_CLASSES = {MODEL_TYPE: SpecDrafterForCausalLM, MEDUSA_MODEL_TYPE: MedusaHeads}
+from .kinds import drafter_kinds, kind_of
+from .shipped import shipped_drafter_names, shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
 
 
+class UnknownDrafterError(ValueError):
+    """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
+
+
+def known_names() -> str:
+    shipped = ", ".join(shipped_drafter_names()) or "none"
+    return (f"'ngram', 'self' (or 'self:L'), 'layers:N', 'default', a shipped drafter ({shipped}; Medusa heads also as "
+            "'medusa:chain' or 'medusa:N'), 'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
+
+
 class AutoDrafter:
-    """Loads a drafter folder or Hub repo of any kind hf_specdec makes; not instantiable itself."""
+    """Loads a drafter folder, Hub repo or shipped drafter of any registered kind; not instantiable itself."""
 
     def __init__(self):
-        raise OSError("AutoDrafter is not instantiable: use `AutoDrafter.from_pretrained(path_or_id, target=...)`.")
+        raise OSError("AutoDrafter is not instantiable: use `AutoDrafter.from_pretrained(name, target=...)`.")
 
     @classmethod
-    def from_pretrained(cls, path_or_id, target=None, **kwargs):
-        """The drafter at `path_or_id` in eval mode; with `target`, moved to its device and bound to it (drafters
-        that borrow the target's embeddings / LM head). Extra kwargs go to the class's `from_pretrained`."""
-        path_or_id = str(path_or_id)
-        config, _ = PreTrainedConfig.get_config_dict(path_or_id, **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs})
-        model_type = config.get("model_type")
-        if model_type in DRAFTER_CLASSES:
-            model = DRAFTER_CLASSES[model_type].from_pretrained(path_or_id, **kwargs)
-        elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in config.get("auto_map", {}):
-            model = AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)
-        else:
-            raise ValueError(
-                f"{path_or_id!r} holds a model of type {model_type!r}, which is not a drafter: AutoDrafter loads "
-                f"hf_specdec drafters (model_type {sorted(DRAFTER_CLASSES)}: token-only or EAGLE-style drafters, Medusa heads) and causal "
-                "language models transformers knows (AutoModelForCausalLM, e.g. 'llama', 'qwen2', 'gpt2')."
-            )
-        model.eval()
+    def from_pretrained(cls, name, target=None, **kwargs):
+        """The drafter `name` in eval mode; with `target`, moved to its device and bound to it. Extra kwargs go to the
+        kind's `from_pretrained`."""
+        source = str(name)
+        if not Path(source).exists() and shipped_folder(source) is not None:
+            source = str(shipped_folder(source))
+        elif not Path(source).exists() and source.count("/") != 1:
+            raise UnknownDrafterError(f"Unknown drafter {source!r}: not a folder, a shipped drafter or a Hub id "
+                                      f"('owner/name'). Known: {known_names()}.")
+        try:
+            config, _ = PreTrainedConfig.get_config_dict(source, **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs})
+        except OSError as error:
+            raise UnknownDrafterError(f"Could not read the drafter {source!r} ({str(error).splitlines()[0]}). "
+                                      f"Known names: {known_names()}.") from error
+        kind = kind_of(config)
+        if kind is None:
+            kinds = "; ".join(f"{k.name}: {k.description}" + (f" (model_type {k.config_class.model_type!r})"
+                                                               if k.config_class is not None else "")
+                              for k in drafter_kinds())
+            raise ValueError(f"{source!r} holds a model of type {config.get('model_type')!r}, which is not a drafter. "
+                             f"AutoDrafter loads these kinds: {kinds}.")
+        model = kind.model_class.from_pretrained(source, **kwargs).eval()
         if target is not None:
             model.to(target.device)
             if hasattr(model, "bind_target"):
@@ -57,4 +71,4 @@ class AutoDrafter:
         return model
 
 
-__all__ = ["AutoDrafter", "DRAFTER_CLASSES", "HUB_KWARGS"]
+__all__ = ["AutoDrafter", "HUB_KWARGS", "UnknownDrafterError", "known_names"]

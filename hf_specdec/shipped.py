@@ -1,7 +1,7 @@
 """Drafters that ship inside the package for the default target (SmolLM2-135M-Instruct).
 
-Each lives in `hf_specdec/shipped_drafters/<name>/` as a `save_pretrained` folder; none exists until it is trained with
-`training/distill.py` (the exact command is recorded in its model card and in BENCHMARKS.md).
+Each lives in `hf_specdec/shipped_drafters/<name>/` as a `save_pretrained` folder, trained with `training/distill.py`
+(the exact command is in its model card and in BENCHMARKS.md). `AutoDrafter.from_pretrained("<name>")` loads one.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ def shipped_drafter_names() -> list[str]:
     return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "config.json").exists())
 
 
-def load_shipped_drafter(name: str, target):
-    folder = SHIPPED_DIR / name
-    if not (folder / "config.json").exists():
-        raise ValueError(f"No shipped drafter named {name!r}; available: {shipped_drafter_names() or 'none'}.")
-    from .auto_drafter import AutoDrafter
-
-    return AutoDrafter.from_pretrained(folder, target=target)
+def shipped_folder(name: str) -> Path | None:
+    """The folder of the shipped drafter `name`, or None."""
+    return SHIPPED_DIR / name if name in shipped_drafter_names() else None

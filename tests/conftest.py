@@ -109,7 +109,6 @@ def pytest_addoption(parser):
 @pytest.fixture(autouse=True)
 def _no_drafts(request, monkeypatch):
     if request.config.getoption("--no-drafts"):
-        import hf_specdec.decoding as loop
+        import hf_specdec.generation.step as step
 
-        monkeypatch.setattr(loop, "drafter_propose",
-                            lambda drafter, batch, max_draft: loop.Draft(batch.lengths.new_zeros(batch.size, 0)))
+        monkeypatch.setattr(step, "propose", lambda drafter, seqs, max_draft: step.Draft.empty(seqs.size, "cpu"))

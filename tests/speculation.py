@@ -15,8 +15,8 @@ import torch
 
 from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength
-from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.ragged_cache import final_norm
+from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.cache.hidden import final_norm
 
 
 def assert_speculated(stats, *, depth: int = 1, rejected: bool = True, rows: int = 0, uneven: bool = False,

@@ -64,9 +64,11 @@ def test_vocab_mismatch(pair):
 
 def test_unknown_assistant_type_lists_what_is_accepted(pair):
     target, drafter = pair
-    for bad in (42, "medusa-please", torch.nn.Linear(2, 2)):
-        with pytest.raises(TypeError, match="expected a causal-LM `PreTrainedModel`"):
+    for bad in (42, torch.nn.Linear(2, 2)):
+        with pytest.raises(TypeError, match="a causal-LM `PreTrainedModel`"):
             spec(target, bad)
+    with pytest.raises(ValueError, match="Unknown drafter 'medusa-please'.*Known: 'ngram'"):
+        spec(target, "medusa-please")
     hf_specdec.enable(target)
     try:
         with pytest.raises(TypeError, match="Unsupported assistant"):
@@ -83,7 +85,7 @@ def test_missing_assistant(pair):
     still_works(target, drafter)
 
 
-class OneRowDrafter(hf_specdec.Drafter):
+class OneRowDrafter(hf_specdec.SequenceDrafter):
     """A single-sequence drafter: proposes the target's own greedy continuation of one row (wrong in the last draft,
     so that rejections happen too)."""
 

@@ -191,7 +191,8 @@ def test_fallback_drafter_batches_and_picks_per_row(one_thread):
 
 
 def test_fallback_drafter_sampling_mixes_one_hot_and_model_q():
-    from hf_specdec.drafters import FallbackDrafter, NgramDrafter, as_drafter
+    from hf_specdec import as_drafter
+    from hf_specdec.drafters import FallbackDrafter, NgramDrafter
 
     target = tiny_llama(vocab=12, seed=0)
     combined = FallbackDrafter(NgramDrafter(), as_drafter(tiny_llama(vocab=12, seed=7)))

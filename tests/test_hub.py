@@ -25,7 +25,7 @@ from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpecDrafterForCau
 from hf_specdec.cli import main as cli
 from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
-from hf_specdec.modeling_drafter import drafter_config_from_target
+from hf_specdec.models.spec_drafter import drafter_config_from_target
 
 from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
 
@@ -134,20 +134,24 @@ def test_custom_generate_folder_is_the_installed_library(world):
     files = {p.name: p.read_text() for p in folder.iterdir()}
     assert {name: text for name, text in files.items() if name.endswith(".py")} == bundle_sources()
     assert "def generate(model" in files["generate.py"]
-    assert "from .decoding import speculative_generate" in files["generate.py"]
+    assert "from .generation_loop import speculative_generate" in files["generate.py"]
     # every module transformers will copy next to generate.py is there, and nothing imports hf_specdec
     needed = get_relative_import_files(folder / "generate.py")
     assert {Path(f).name for f in needed} == set(files) - {"generate.py", "requirements.txt"}
     assert not any("hf_specdec" in get_imports(folder / name) for name in files if name.endswith(".py"))
-    assert "AutoConfig.register" not in files["modeling_drafter.py"]  # never shadows an installed hf_specdec
-    # ... and apart from those import lines and registrations, each file IS the library module
+    # ... and apart from those import lines and registrations, each file IS the library module (named in its header)
     package = Path(hf_specdec.__file__).parent
     code = lambda text: [l for l in text.splitlines() if l.strip() and not re.match(r"\s*from \.", l)]  # noqa: E731
     for name in (n for n in files if n.endswith(".py")):
-        stem = name.removesuffix(".py")  # generate <- custom_generate, drafters_eagle <- drafters/eagle
-        module = {"generate": "custom_generate", "drafters": "drafters/__init__"}.get(stem, stem.replace("drafters_", "drafters/"))
-        source = (package / f"{module}.py").read_text()
-        assert code(files[name])[1:] == [l for l in code(source) if ".register(" not in l], name  # [1:]: the header
+        origin = re.match(r"# Generated from hf_specdec/(\S+) ", files[name]).group(1)
+        source = (package / origin).read_text()
+        stripped = [l for l in code(source) if not (".register(" in l and not l.startswith(" "))]  # module level
+        assert code(files[name])[1:] == stripped, name  # [1:]: the header
+    # loaded next to an installed hf_specdec, the copy registers nothing over it with transformers' Auto classes
+    from transformers import AutoConfig
+
+    world["target"].load_custom_generate(str(world["agreeing"]), trust_remote_code=True)
+    assert AutoConfig.for_model("hf_specdec_drafter").__class__ is hf_specdec.SpecDrafterConfig
     requirements = files["requirements.txt"].split()
     assert {split_package_version(r)[0] for r in requirements} == {"huggingface_hub", "torch", "transformers"}
     assert not (world["plain"] / "custom_generate").exists()  # plain causal LMs: transformers' own assisted decoding
@@ -217,7 +221,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
 
 
 def test_custom_generate_takes_an_explicit_drafter(world):
-    from hf_specdec.custom_generate import generate
+    from hf_specdec.integrations.custom_generate import generate
 
     target = world["target"]
     prompt = random_prompts(1, seed=5)[0]
@@ -289,7 +293,7 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     (folder / ".cache").mkdir()
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "model.safetensors").write_text("never uploaded")
-    with mock.patch.dict(os.environ, {"HF_TOKEN": "hf_not_a_real_token"}), mock.patch("hf_specdec.hub.HfApi") as api:
+    with mock.patch.dict(os.environ, {"HF_TOKEN": "hf_not_a_real_token"}), mock.patch("hf_specdec.hub.push.HfApi") as api:
         assert cli(["push", str(folder), "--repo-id", "someone/tiny-drafter", "--private"]) == 0
     api = api.return_value
     api.create_repo.assert_called_once_with(repo_id="someone/tiny-drafter", repo_type="model", private=True, exist_ok=True)
@@ -394,9 +398,9 @@ def test_export_refuses_the_wrong_format(world, tmp_path):
         export_drafter(world["eagle"], target, tmp_path / "x", "vllm-draft")
     with pytest.raises(ValueError, match="already a standalone LlamaForCausalLM"):
         export_drafter(world["plain"], target, tmp_path / "x", "vllm-draft")
-    with pytest.raises(ValueError, match="Medusa heads: export it with --format vllm-medusa"):
+    with pytest.raises(ValueError, match="Medusa heads .*: export it with --format vllm-medusa"):
         export_drafter(world["medusa"], target, tmp_path / "x", "vllm-eagle")
-    with pytest.raises(ValueError, match="token-only drafter: export it with --format vllm-draft"):
+    with pytest.raises(ValueError, match="token-only drafter .*: export it with --format vllm-draft"):
         export_drafter(world["agreeing"], target, tmp_path / "x", "vllm-medusa")
     assert not (tmp_path / "x").exists()
 

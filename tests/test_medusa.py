@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, speculative_generate
-from hf_specdec.drafters import MedusaDrafter, as_drafter
-from hf_specdec.modeling_drafter import TargetNotBoundError
+from hf_specdec import as_drafter
+from hf_specdec.drafters import MedusaDrafter
+from hf_specdec.models.spec_drafter import TargetNotBoundError
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_heads, lie_about_second_q
@@ -141,27 +142,28 @@ def test_tree_forward_matches_plain_forwards_of_each_path(one_thread):
     left-padded batch, and the cache then holds exactly the kept path."""
     from transformers import DynamicCache
 
-    from hf_specdec.ragged_cache import RaggedKV
-    from hf_specdec.verification import tree_ancestor_mask
+    from hf_specdec.cache.ragged import RaggedKV
+    from hf_specdec.tree import Tree
 
     target = tiny_llama(vocab=16, seed=0)
-    parents = torch.tensor([-1, -1, 0, 0, 1, 2])
+    tree = Tree([-1, -1, 0, 0, 1, 2])
     ids, mask = left_pad(random_prompts(2, vocab=16, seed=3, min_len=3, max_len=7))
-    tree = torch.randint(2, 16, (2, 6), generator=torch.Generator().manual_seed(0))
-    kv = RaggedKV(target, DynamicCache(config=target.config), mask[:, :0])
-    logits = kv.forward_tree(ids, mask.bool(), tree, parents)
-    paths = tree_ancestor_mask(parents)
+    tokens = torch.randint(2, 16, (2, 6), generator=torch.Generator().manual_seed(0))
+    kv = RaggedKV(target, DynamicCache(config=target.config), 2)
+    logits = kv.forward_tree(ids, mask.bool(), tokens, tree)
     for b in range(2):
         prompt = ids[b][mask[b].bool()]
         torch.testing.assert_close(logits[b, 0], target(prompt[None]).logits[0, -1], atol=1e-4, rtol=1e-4)
         for i in range(6):
-            seq = torch.cat([prompt, tree[b][paths[i]]])
+            seq = torch.cat([prompt, tokens[b][tree.path_to(i)]])
             torch.testing.assert_close(logits[b, i + 1], target(seq[None]).logits[0, -1], atol=1e-4, rtol=1e-4)
-    kv.keep_tree(6, torch.tensor([[1, 0, 1, 0, 0, 1], [0, 1, 0, 0, 1, 0]], dtype=torch.bool))
+    paths = [[0, 2, 5], [1, 4]]
+    kv.keep(ids.shape[1] + 6, [[j for j in range(ids.shape[1]) if mask[b, j]] + [ids.shape[1] + n for n in path]
+                               for b, path in enumerate(paths)])
     nxt = torch.tensor([[3], [4]])
-    after = kv.forward(nxt, torch.ones(2, 1, dtype=torch.bool), 1)
-    for b, path in enumerate([[0, 2, 5], [1, 4]]):
-        seq = torch.cat([ids[b][mask[b].bool()], tree[b][path], nxt[b]])
+    after = kv.forward(nxt, 1)
+    for b, path in enumerate(paths):
+        seq = torch.cat([ids[b][mask[b].bool()], tokens[b][path], nxt[b]])
         torch.testing.assert_close(after[b, -1], target(seq[None]).logits[0, -1], atol=1e-4, rtol=1e-4)
 
 
@@ -209,35 +211,41 @@ def test_medusa_tree_sampling_matches_target(sampling_target, one_thread):
     assert_speculated(stats, depth=2, row_groups=1, uneven=True)
 
 
-def wrong_below_the_root(tokens, parents, target_probs, generator=None):
-    """`rejection_sample_tree` with a rule that is easy to get wrong: after a rejected sibling BELOW the root, the
-    next sibling is tried against p itself instead of the residual norm(max(0, p' - onehot))."""
-    from hf_specdec.verification import residual_distribution
+def wrong_below_the_root(tokens, tree, probs, q=None, valid=None, generator=None):
+    """`verification.rejection_sample` with a rule that is easy to get wrong: after a rejected sibling BELOW the root,
+    the next sibling is tried against the same p instead of the residual norm(max(0, p' - onehot))."""
+    from hf_specdec.verification import Accepted, residual_distribution
 
-    children = {}
-    for i, parent in enumerate(parents.tolist()):
-        children.setdefault(parent, []).append(i)
-    path, node = [], -1
-    while True:
-        p = target_probs[node + 1].clone()
-        for child in children.get(node, []):
-            x = int(tokens[child])
-            if torch.rand((), generator=generator) < p[x]:
-                path.append(child)
-                node = child
-                break
-            if node < 0:  # the root's siblings get the right residual; deeper ones do not
-                p = residual_distribution(p[None], torch.nn.functional.one_hot(tokens[child : child + 1], p.shape[-1]).float())[0]
-        else:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+    batch = tokens.shape[0]
+    rows = torch.arange(batch)
+    children = tree.tensors(tokens.device)["children"]
+    node = torch.full((batch,), -1)
+    p, alive = probs[:, 0].clone(), torch.ones(batch, dtype=torch.bool)
+    path = torch.full((batch, tree.max_depth), -1)
+    for depth in range(tree.max_depth):
+        moved = torch.zeros_like(alive)
+        for rank in range(children.shape[1]):
+            child = children[node + 1, rank]
+            trying = alive & ~moved & (child >= 0)
+            x = tokens[rows, child.clamp_min(0)]
+            accept = trying & (torch.rand(batch) < p.gather(1, x[:, None]).squeeze(1))
+            if depth == 0:  # the root's siblings get the right residual; deeper ones do not
+                residual = residual_distribution(p, torch.nn.functional.one_hot(x, p.shape[-1]).float())
+                p = torch.where((trying & ~accept)[:, None], residual, p)
+            p = torch.where(accept[:, None], probs[rows, child.clamp_min(0) + 1], p)
+            node = torch.where(accept, child, node)
+            path[:, depth] = torch.where(accept, child, path[:, depth])
+            moved |= accept
+        alive &= moved
+    return Accepted(path, (path >= 0).sum(1), torch.multinomial(p, 1).squeeze(1), node)
 
 
 def test_medusa_tree_sampling_negative_control_at_depth_two(sampling_target, one_thread, monkeypatch):
     """The test sees an error that only touches siblings at depth 2: it really verifies them."""
-    import hf_specdec.decoding
+    import hf_specdec.generation.validate as rules
 
     target, heads = sampling_target
-    monkeypatch.setattr(hf_specdec.decoding, "rejection_sample_tree", wrong_below_the_root)
+    monkeypatch.setattr(rules, "rejection_sample", wrong_below_the_root)
     assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), SpeculationStats()) < 1e-6
 
 

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.drafters import NgramDrafter, as_drafter
+from hf_specdec import as_drafter
+from hf_specdec.drafters import NgramDrafter
+from hf_specdec.drafters import DraftSettings
 from hf_specdec.drafters.ngram import NgramIndex
+from hf_specdec.sequences import Sequences
 from tests.speculation import assert_speculated
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
@@ -107,33 +110,46 @@ def test_frequent_prefers_most_frequent_follower_then_most_recent():
     assert index.propose(1, "frequent") == ([3], 1)  # a tie: the most recent follower wins
 
 
+def lookup(drafter, ids: list[int], k: int, seqs=None):
+    """The drafter's proposal for one sequence, as the loop asks for it (a new call when `seqs` is None; else `ids`
+    must extend the sequence `seqs` holds, which then grows)."""
+    if seqs is None:
+        seqs = Sequences(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+        drafter.start(None, seqs, DraftSettings(None, None, False))
+    else:
+        new = ids[seqs.lengths()[0] :]
+        seqs.append(0, torch.tensor(new), new)
+    draft = drafter.propose(seqs, k)
+    return draft, seqs
+
+
 def test_no_match_drafts_nothing():
     drafter = NgramDrafter(min_ngram=2, max_ngram=4)
-    draft = drafter.propose(torch.tensor([[5, 6, 7, 8, 5, 9]]), 5)  # "5 9" never occurred before
+    draft, _ = lookup(drafter, [5, 6, 7, 8, 5, 9], 5)  # "5 9" never occurred before
     assert draft.num_tokens == 0 and draft.probs is None
-    assert drafter.propose(torch.tensor([[5, 6, 7, 8, 5, 9, 7, 8]]), 3).tokens.tolist() == [[5, 9, 7]]
+    assert lookup(drafter, [5, 6, 7, 8, 5, 9, 7, 8], 3)[0].tokens.tolist() == [[5, 9, 7]]
 
 
-def test_drafter_index_is_incremental_and_rebuilds_on_a_new_sequence():
+def test_drafter_index_is_incremental_and_new_per_call():
     drafter = NgramDrafter(1, 3)
-    seq = torch.tensor([[1, 2, 3, 4, 1, 2]])
-    assert drafter.propose(seq, 3).tokens.tolist() == [[3, 4, 1]]
+    draft, seqs = lookup(drafter, [1, 2, 3, 4, 1, 2], 3)
+    assert draft.tokens.tolist() == [[3, 4, 1]]
     index = drafter.index
-    seq = torch.cat([seq, torch.tensor([[3, 9, 1, 2, 3]])], dim=1)
-    assert drafter.propose(seq, 2).tokens.tolist() == [[9, 1]]
-    assert drafter.index is index and len(index) == seq.shape[1]  # extended in place
-    assert drafter.propose(torch.tensor([[8, 6, 8]]), 2).tokens.tolist() == [[6, 8]]  # a different sequence
+    draft, _ = lookup(drafter, [1, 2, 3, 4, 1, 2, 3, 9, 1, 2, 3], 2, seqs)
+    assert draft.tokens.tolist() == [[9, 1]]
+    assert drafter.index is index and len(index) == 11  # extended in place
+    assert lookup(drafter, [8, 6, 8], 2)[0].tokens.tolist() == [[6, 8]]  # another call: a new index
     assert drafter.index is not index
 
 
 def test_max_tokens_by_match_caps_weak_matches():
     drafter = NgramDrafter(1, 4, max_tokens_by_match=(2, 3))
-    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1]]), 6).tokens.tolist() == [[2, 3]]  # 1-gram: 2
-    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1, 2]]), 6).tokens.tolist() == [[3, 4, 5]]  # 2-gram: 3
-    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1, 2, 3]]), 6).tokens.tolist() == [[4, 5, 6, 9, 1, 2]]
+    assert lookup(drafter, [1, 2, 3, 4, 5, 6, 9, 1], 6)[0].tokens.tolist() == [[2, 3]]  # 1-gram: 2
+    assert lookup(drafter, [1, 2, 3, 4, 5, 6, 9, 1, 2], 6)[0].tokens.tolist() == [[3, 4, 5]]  # 2-gram: 3
+    assert lookup(drafter, [1, 2, 3, 4, 5, 6, 9, 1, 2, 3], 6)[0].tokens.tolist() == [[4, 5, 6, 9, 1, 2]]
     drafter = NgramDrafter(1, 4, max_tokens_by_match=(0,))  # 1-gram matches draft nothing: like min_ngram=2
-    assert drafter.propose(torch.tensor([[1, 2, 3, 4, 5, 6, 9, 1]]), 6).num_tokens == 0
-    assert NgramDrafter(1, 4, max_tokens_by_match=()).propose(torch.tensor([[1, 2, 3, 1]]), 6).tokens.tolist() == [[2, 3, 1, 2, 3, 1]]
+    assert lookup(drafter, [1, 2, 3, 4, 5, 6, 9, 1], 6)[0].num_tokens == 0
+    assert lookup(NgramDrafter(1, 4, max_tokens_by_match=()), [1, 2, 3, 1], 6)[0].tokens.tolist() == [[2, 3, 1, 2, 3, 1]]
 
 
 def test_bad_arguments():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import Draft, Drafter, SpeculationStats, speculative_generate, verification
+from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate, verification
 from tests.conftest import tiny_llama
 from tests.distribution import (
     captured_processors,
@@ -31,7 +31,7 @@ CONFIGS = {
 }
 
 
-class FixedDistributionDrafter(Drafter):
+class FixedDistributionDrafter(SequenceDrafter):
     """Draws each draft token from one fixed distribution q (no model), and reports q: cheap, and far from p."""
 
     def __init__(self, q):
@@ -89,7 +89,7 @@ def test_negative_control_wrong_q_at_the_second_draft_fails(models):
     target, _ = models
     q2 = far_q(seed=5)
 
-    class TwoDistributions(Drafter):  # first draft from q, second from q2
+    class TwoDistributions(SequenceDrafter):  # first draft from q, second from q2
         def propose(self, input_ids, max_tokens):
             q = torch.stack([far_q(), q2])[:max_tokens][None]
             return Draft(torch.multinomial(q[0], 1).view(1, -1), q)

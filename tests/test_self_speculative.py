@@ -9,7 +9,8 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.drafters import SelfSpeculativeDrafter, as_drafter
+from hf_specdec import as_drafter
+from hf_specdec.drafters import SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
 from tests.speculation import assert_speculated

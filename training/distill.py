@@ -49,8 +49,8 @@ import hf_specdec
 from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir, default_target_folder, load_default_target
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.auto_drafter import AutoDrafter
-from hf_specdec.modeling_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.modeling_medusa import MedusaConfig, MedusaHeads
+from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.models.medusa import MedusaConfig, MedusaHeads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGET_HUB_ID = f"HuggingFaceTB/{DEFAULT_TARGET_NAME}"
@@ -549,7 +549,7 @@ def attach_target_features(target, data: TeacherData, path: Path, show: bool, to
     every record, fp16, computed once and cached beside the teacher data."""
     from safetensors.torch import load_file, save_file
 
-    from hf_specdec.ragged_cache import final_norm
+    from hf_specdec.cache.hidden import final_norm
 
     if not path.exists():
         norm, captured = final_norm(target), []
@@ -1034,7 +1034,7 @@ def data_description(args: Args) -> str:
 
 
 def write_model_card(folder: Path, config, args: Args, summary: dict) -> None:
-    """README.md from model_cards/drafter.md (hf_specdec.hub.render_model_card); the eval ran on this machine."""
+    """README.md from the model-card template (hf_specdec.hub.render_model_card); the eval ran on this machine."""
     is_dataset_id = args.data.count("/") == 1 and not Path(args.data).exists()
     card = render_model_card(
         folder, config, repo_id=args.hub_model_id or folder.name, target=target_id(args), license=args.license,

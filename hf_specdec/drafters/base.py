@@ -1,19 +1,24 @@
-"""The drafter protocol: every drafting strategy is one class behind this small interface.
+"""The drafter protocol: every drafting strategy is one class behind this small, batched interface.
 
-The decoding loop calls, per `generate()` call:
+Per `generate()` call the loop calls:
 
-    drafter.start(target, input_ids, generation_config, logits_processor)   # reset per-call state, validate
+    drafter.start(target, seqs, settings)       # reset per-call state, validate; `target` is the target's RaggedKV
     loop:
-        draft = drafter.propose(input_ids, max_tokens)                      # up to max_tokens tokens (+ their q)
-        ... the target verifies ...
-        drafter.accepted(input_ids, num_accepted)                           # learn what was kept; roll back caches
+        draft = drafter.propose(seqs, max_tokens)               # up to max_tokens tokens per row (+ their q)
+        logits = drafter.verify(target, pending, pending_valid, draft)   # hook: ONE target forward (default below)
+        ... the loop accepts a path per row ...
+        drafter.accepted(seqs, verified)                        # hook: what was kept, the target's hidden states
+        drafter.select_rows(rows)                               # when finished rows leave the batch
 
-`Draft.probs` is the distribution each token was drawn from (`[B, k, V]`), or `None` for a deterministic drafter
-(greedy draft model, n-gram lookup), whose distribution is one-hot. A drafter may propose fewer than `max_tokens`
-tokens, or none: then the target simply decodes one token.
+`seqs` (`Sequences`) holds the rows: each row's real tokens (its prompt without padding, then what it generated), on
+the device (`seqs.ids(b)`) and on the host (`seqs.tokens(b)`). `Draft.probs` is the distribution each token was drawn
+from (`[B, T, V]`), or None for a deterministic drafter (greedy draft model, n-gram lookup), whose q is one-hot. A draft
+is a chain unless it carries a `Tree`. A drafter may propose fewer than `max_tokens` tokens, or none: then the target
+simply decodes one token.
 
-`Drafter` also implements `transformers.generation.CandidateGenerator` (`get_candidates` /
-`update_candidate_strategy`), so the same object can be used where transformers expects a candidate generator.
+`SequenceDrafter` is the simpler interface for a strategy that drafts one sequence at a time (your own, a
+cross-tokenizer drafter, a transformers `CandidateGenerator`): the loop wraps it once (`drafters/per_row.py`) so that it
+sees one batched signature.
 """
 
 from __future__ import annotations
@@ -23,94 +28,177 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from ..tree import Tree
+
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [B, k] proposed token ids (k may be 0)
-    probs: torch.Tensor | None = None  # [B, k, V] the distribution each token was sampled from; None = one-hot
-    num_valid: torch.Tensor | None = None  # [B] rows that proposed fewer than k tokens pad the rest; None = all k
-    parents: torch.Tensor | None = None  # [k] a TREE of candidates (Medusa): node i's parent (-1: the last token),
-    #   parents first; one shape for every row, `tokens` [B, k] per row. Tree candidates are deterministic (probs None).
+    tokens: torch.Tensor  # [B, T] proposed token ids (T may be 0)
+    probs: torch.Tensor | None = None  # [B, T, V] the distribution each token was sampled from; None = one-hot
+    num_valid: list[int] | None = None  # a chain whose row b proposed only its first num_valid[b] tokens; None = all
+    tree: Tree | None = None  # the nodes' shape when they form a tree (one shape for every row); None = a chain
     stopped_early: bool = False  # every row stopped below max_tokens on low confidence: to the draft-length policy
     #   the next position counts as tried and missed (else its acceptance would be measured on confident drafts only)
+
+    def __post_init__(self):
+        if isinstance(self.num_valid, torch.Tensor):
+            self.num_valid = self.num_valid.tolist()
+        if self.num_valid is not None and all(n == self.num_tokens for n in self.num_valid):
+            self.num_valid = None
 
     @property
     def num_tokens(self) -> int:
         return self.tokens.shape[1]
 
+    @property
+    def shape(self) -> Tree:
+        return self.tree if self.tree is not None else Tree.chain(self.num_tokens)
 
-def next_draft_token(drafter: "Drafter", scores, rows, tokens, drafting, first: bool):
+    def valid_mask(self) -> torch.Tensor | None:
+        """[B, T] host bools of the nodes each row proposed (None: all of them)."""
+        if self.num_valid is None:
+            return None
+        return torch.arange(self.num_tokens)[None] < torch.tensor(self.num_valid)[:, None]
+
+    def depth_by_row(self) -> list[int]:
+        """Per row, how deep its draft reaches (a chain: its length)."""
+        if self.num_valid is not None:
+            return list(self.num_valid)
+        return [self.shape.max_depth] * self.tokens.shape[0]
+
+    @staticmethod
+    def empty(batch: int, device) -> "Draft":
+        return Draft(torch.zeros(batch, 0, dtype=torch.long, device=device))
+
+
+@dataclass
+class DraftSettings:
+    """What a drafter needs to know about the call it drafts for."""
+
+    generation_config: object
+    logits_processor: object  # the target's LogitsProcessorList: drafts are shaped by the same processors
+    do_sample: bool
+    #: drafters that know their confidence stop when their top probability falls below it (None: never). Decide from
+    #: the distribution only, before drawing, so that sampling stays exact.
+    confidence_threshold: float | None = None
+
+
+@dataclass
+class Verified:
+    """What the target did with a step's draft, as drafters learn it in `accepted`."""
+
+    num_accepted: list[int]  # per row
+    hidden: torch.Tensor | None = None  # [B, m, H] the captured hidden states of each row's newly committed tokens
+    #   but the newest (its pending tokens, then its accepted drafts), left-aligned; None when nothing was captured
+    num_hidden: list[int] | None = None  # per row, how many of `hidden`'s rows are real
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (finished rows left the batch)."""
+        self.num_accepted = [self.num_accepted[b] for b in rows]
+        if self.hidden is not None:
+            self.hidden = self.hidden[torch.tensor(rows, device=self.hidden.device)]
+            self.num_hidden = [self.num_hidden[b] for b in rows]
+
+
+def next_draft_token(drafter, scores, rows, tokens, drafting, first: bool):
     """One autoregressive draft step shared by model drafters: the target's logits processors on each row's prefix
     (its sequence plus the drafts so far), an early stop for rows whose top probability is below the drafter's
     confidence threshold (decided from q before drawing, so sampling stays exact), then argmax or a draw from q.
-    Returns `(token [B], q [B, V] or None, drafting [B])`; `drafting` all False means stop drafting."""
-    if drafter.logits_processor:
+    `rows` are the rows' full sequences as the target's processors see them. Returns `(token [B], q [B, V] or None,
+    drafting [B])`; `drafting` all False means stop drafting."""
+    settings = drafter.settings
+    if settings.logits_processor:
         scores = torch.cat([
-            drafter.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
+            settings.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
             for b in range(len(rows))
         ])
-    may_stop = not first and drafter.confidence_threshold is not None  # the first draft is always proposed
-    q = scores.softmax(dim=-1) if drafter.do_sample or may_stop else None
+    threshold = settings.confidence_threshold
+    may_stop = not first and threshold is not None  # the first draft is always proposed
+    q = scores.softmax(dim=-1) if settings.do_sample or may_stop else None
     if may_stop:
-        drafting = drafting & (q.max(dim=-1).values >= drafter.confidence_threshold)
-    token = torch.multinomial(q, 1).squeeze(1) if drafter.do_sample else scores.argmax(dim=-1)
-    return token, q if drafter.do_sample else None, drafting
+        drafting = drafting & (q.max(dim=-1).values >= threshold)
+    token = torch.multinomial(q, 1).squeeze(1) if settings.do_sample else scores.argmax(dim=-1)
+    return token, q if settings.do_sample else None, drafting
 
 
-class Drafter(CandidateGenerator):
-    """Base class of every drafter. Subclasses implement `propose`; the rest has sensible defaults."""
+def assemble(tokens: list[torch.Tensor], probs: list[torch.Tensor], num_valid: torch.Tensor, stopped_early: bool,
+             batch: int, device) -> Draft:
+    """The Draft of an autoregressive drafter: its tokens (and q) step by step, and how many each row proposed."""
+    if not tokens:
+        return Draft.empty(batch, device)
+    draft_tokens = torch.stack(tokens, dim=1)
+    counts = None if num_valid is None else num_valid.tolist()
+    return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, counts, stopped_early=stopped_early)
+
+
+def check_device(module, target, what: str = "drafter") -> None:
+    device = next(module.parameters()).device if any(True for _ in module.parameters()) else target.device
+    if device != target.device:
+        raise ValueError(f"The {what} is on {device} but the target is on {target.device}; move it first: "
+                         f"`drafter.to({str(target.device)!r})`.")
+
+
+class Drafter:
+    """Base class of every batched drafter. Subclasses implement `propose`; the rest has sensible defaults."""
 
     #: draft length used when the caller does not pass `num_draft_tokens`
     default_num_draft_tokens: int = 5
-    #: set by the loop from the draft-length policy: drafters that know their confidence stop drafting when their top
-    #: probability falls below it (None = never stop early). Decide from the distribution only, before drawing.
-    confidence_threshold: float | None = None
-    #: batch > 1 support. Drafters that set it receive batches: `start(..., attention_mask=prompt_mask)`,
-    #: `propose(input_ids, max_tokens, lengths=...)` and `accepted(input_ids, num_accepted, lengths=...)` where
-    #: `input_ids` is RIGHT-padded and row b's sequence is `input_ids[b, :lengths[b]]` (its prompt, including the
-    #: prompt's own left padding, then its generated tokens), and `select_rows(rows)` when finished rows leave.
-    supports_batch: bool = False
-    #: feature drafters (EAGLE-style, Medusa) set this: after every verification forward the loop calls
-    #: `observe_target(hidden [B, m, H], valid [B, m])` with the target's final hidden state of every token it fed
-    #: (the row's uncached tokens, then the drafts), before `accepted(...)` says how many drafts were kept.
-    uses_target_hidden: bool = False
-    #: drafters that run the TARGET's own layers (self-speculation) may set this in `start`: the loop then calls
-    #: `share_target_cache(target_kv)` and runs each verification through `verify(target_kv, new_ids, valid,
-    #: num_logits)`, so that the layers the drafter already ran for the drafted tokens are not run again.
-    shares_target_cache: bool = False
 
-    def start(self, target, input_ids: torch.Tensor, generation_config, logits_processor) -> None:
-        """Called once per `generate()` call, before any target forward. Validate and reset per-call state here."""
-        self.generation_config = generation_config
-        self.logits_processor = logits_processor
+    def start(self, target, seqs, settings: DraftSettings) -> None:
+        """Called once per `generate()` call, before any target forward. Validate and reset per-call state here.
+        `target` is the target's `RaggedKV` (its model is `target.model`)."""
+        self.settings = settings
 
-    def propose(self, input_ids: torch.Tensor, max_tokens: int) -> Draft:
+    def propose(self, seqs, max_tokens: int) -> Draft:
         raise NotImplementedError
 
-    def accepted(self, input_ids: torch.Tensor, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
-        """`input_ids` now ends with the accepted drafts plus the target's token; `num_accepted` is `[B]`."""
+    def verify(self, target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft) -> torch.Tensor:
+        """The verification forward: each row's uncached tokens `pending` [B, u] (host mask `pending_valid`), then its
+        draft, in ONE target forward. Returns float32 logits [B, T + 1, V] (row 0 after the last pending token, row
+        i + 1 after node i). Drafters that already ran part of the target (self-speculation) override it."""
+        tree = draft.shape
+        valid = draft.valid_mask()
+        if tree.is_chain:
+            nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
+            block_valid = torch.cat([pending_valid.cpu(), nodes], dim=1)
+            return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
+        return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
 
-    def observe_target(self, hidden: torch.Tensor, valid: torch.Tensor) -> None:
-        """Feature drafters: the target's final hidden states of the tokens just verified (see `uses_target_hidden`)."""
+    def accepted(self, seqs, verified: Verified) -> None:
+        """`seqs` now ends with each row's accepted drafts plus the target's token."""
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Batch drafters: keep only these rows (finished rows have left the batch)."""
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only these rows (finished rows have left the batch)."""
 
     def vocab_size(self) -> int | None:
         """Size of the token space the drafter proposes in, or None when it proposes the target's own ids."""
         return None
 
-    # --- transformers.generation.CandidateGenerator compatibility ---
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
-        draft = self.propose(input_ids, self.default_num_draft_tokens)
-        logits = None if draft.probs is None else draft.probs.clamp_min(1e-30).log()
-        return torch.cat([input_ids, draft.tokens], dim=-1), logits
 
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
-        self.accepted(input_ids, torch.tensor([num_matches], device=input_ids.device))
+class SequenceDrafter:
+    """A drafter of one sequence at a time: implement `propose(input_ids [1, L], max_tokens) -> Draft`.
+
+    `input_ids` holds the row's real tokens (prompt without padding, then what it generated). In a batch each row
+    gets its own shallow copy (`drafters/per_row.py`), and the target still verifies the batch in one forward.
+    """
+
+    default_num_draft_tokens: int = 5
+
+    def start(self, target, input_ids: torch.Tensor, settings: DraftSettings) -> None:
+        """Once per row and `generate()` call; `target` is the target model."""
+        self.settings = settings
+
+    def propose(self, input_ids: torch.Tensor, max_tokens: int) -> Draft:
+        raise NotImplementedError
+
+    def accepted(self, input_ids: torch.Tensor, num_accepted: int) -> None:
+        """`input_ids` now ends with the accepted drafts plus the target's token."""
+
+    def vocab_size(self) -> int | None:
+        return None
 
 
-class CandidateGeneratorDrafter(Drafter):
+class CandidateGeneratorDrafter(SequenceDrafter):
     """Adapter: any `transformers` `CandidateGenerator` used as a drafter.
 
     Its candidate logits (already processed, as transformers defines them) give q by softmax; without logits, the
@@ -129,4 +217,4 @@ class CandidateGeneratorDrafter(Drafter):
         return Draft(tokens, probs)
 
     def accepted(self, input_ids, num_accepted):
-        self.candidate_generator.update_candidate_strategy(input_ids, None, int(num_accepted[0]))
+        self.candidate_generator.update_candidate_strategy(input_ids, None, num_accepted)

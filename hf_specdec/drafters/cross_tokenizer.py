@@ -24,7 +24,7 @@ import math
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .base import Draft, Drafter
+from .base import Draft, SequenceDrafter
 
 
 def _special_prefix(tokenizer) -> list[int]:
@@ -36,7 +36,7 @@ def _special_prefix(tokenizer) -> list[int]:
     return []
 
 
-class CrossTokenizerDrafter(Drafter):
+class CrossTokenizerDrafter(SequenceDrafter):
     """Drafts with a causal LM whose tokenizer differs from the target's, converting through text.
 
     Args:
@@ -94,10 +94,8 @@ class CrossTokenizerDrafter(Drafter):
         self.anchor_text = ""
         self.ratio = self.ratio_setting
 
-    def start(self, target, input_ids, generation_config, logits_processor):
-        super().start(target, input_ids, generation_config, logits_processor)
-        if input_ids.shape[0] != 1:
-            raise ValueError("CrossTokenizerDrafter drafts for one sequence at a time.")
+    def start(self, target, input_ids, settings):
+        super().start(target, input_ids, settings)
         if self.model.device != target.device:
             raise ValueError(
                 f"The draft model is on {self.model.device} but the target is on {target.device}; "
@@ -109,9 +107,9 @@ class CrossTokenizerDrafter(Drafter):
                 f"target_tokenizer has {len(self.target_tokenizer)} tokens but the target's vocabulary has "
                 f"{target_vocab}: pass the target's own tokenizer as target_tokenizer."
             )
-        eos = generation_config.eos_token_id
+        eos = settings.generation_config.eos_token_id
         self.target_eos = eos if isinstance(eos, int) else (list(eos)[0] if eos is not None and len(eos) else None)
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = self._new_cache()
         self.cached_ids = input_ids.new_zeros(1, 0)
         self._reset_text_state()
 
@@ -148,6 +146,11 @@ class CrossTokenizerDrafter(Drafter):
         return self.anchor_ids + ids
 
     # --- step 3: the draft model ---
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        cache.activate_past_recording()  # sliding-window draft models can then be rolled back past their window
+        return cache
+
     def _roll_back_to(self, draft_ids: torch.Tensor) -> None:
         cached = self.cached_ids.shape[1]
         common = min(cached, draft_ids.shape[1] - 1)  # always leave at least one token to feed
@@ -170,7 +173,7 @@ class CrossTokenizerDrafter(Drafter):
         device = self.model.device
         ids = torch.tensor([draft_ids], dtype=torch.long, device=device)
         if self.cached_ids is None:
-            self.cache, self.cached_ids = DynamicCache(config=self.model.config), ids[:, :0]
+            self.cache, self.cached_ids = self._new_cache(), ids[:, :0]
         self._roll_back_to(ids)
         new_ids = ids[:, self.cached_ids.shape[1] :]
         out = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..ragged_cache import RaggedKV
-from .base import Draft, Drafter, next_draft_token
+from ..cache.ragged import RaggedKV
+from .base import Draft, Drafter, assemble, check_device, next_draft_token
 
 
 class DraftModelDrafter(Drafter):
@@ -14,10 +14,9 @@ class DraftModelDrafter(Drafter):
 
     Greedy decoding drafts the argmax; sampling draws from the drafter's distribution after the same logits processors
     the target uses (so temperature/top-k/top-p shape q like p) and reports that distribution as q. Its KV cache keeps
-    the longest prefix each row shares with the accepted sequence, so rejected drafts cost nothing later.
+    each row's accepted tokens, so rejected drafts cost nothing later: what it holds is counted on the host, so
+    rolling back needs no look at the device.
     """
-
-    supports_batch = True
 
     def __init__(self, model: PreTrainedModel):
         if not isinstance(model, PreTrainedModel) or not hasattr(model, "get_output_embeddings"):
@@ -28,84 +27,61 @@ class DraftModelDrafter(Drafter):
     def vocab_size(self) -> int:
         return self.model.config.get_text_config().vocab_size
 
-    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        Drafter.start(self, target, input_ids, generation_config, logits_processor)
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
         if self.model.config.is_encoder_decoder:
             raise ValueError("The draft model must be a decoder-only causal LM.")
-        if self.model.device != target.device:
-            raise ValueError(
-                f"The draft model is on {self.model.device} but the target is on {target.device}; "
-                f"move it first: `drafter.to({str(target.device)!r})`."
-            )
+        check_device(self.model, target.model, "draft model")
         if hasattr(self.model, "bind_target"):  # drafters that borrow the target's embeddings / LM head
-            self.model.bind_target(target)
-        self.do_sample = bool(generation_config.do_sample)
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        # Drafts are tiny forwards: the CPU small-M matmul path buys nothing here.
-        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), mask[:, :0], fast_cpu_verify=False)
-        self.prompt_mask = mask.bool()
-        self.fed = [row[:0] for row in input_ids]  # per row: the sequence tokens whose KV is in the cache
+            self.model.bind_target(target.model)
+        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
+        self.cached = [0] * seqs.size  # per row: how many of its tokens (a prefix) the draft cache holds
+        self.fed_drafts = [0] * seqs.size  # per row: this step's drafts fed into the cache after them
 
     def select_rows(self, rows):
         self.kv.select_rows(rows)
-        self.fed = [self.fed[b] for b in rows.tolist()]
+        self.cached = [self.cached[b] for b in rows]
+        self.fed_drafts = [self.fed_drafts[b] for b in rows]
 
-    def _sync(self, rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drop cached drafts the target rejected; return the block of tokens each row still has to feed."""
-        stale = []
-        for b, row in enumerate(rows):
-            fed = self.fed[b]
-            common = min(len(fed), len(row) - 1)  # always leave at least one token to feed
-            mismatch = torch.nonzero(fed[:common] != row[:common]).flatten()
-            if mismatch.numel():
-                common = int(mismatch[0])
-            stale.append(len(fed) - common)
-            self.fed[b] = fed[:common]
-        self.kv.discard_last(torch.tensor(stale))
-        if self.kv.slots == 0:  # first call: the left-padded prompts with their own padding, and what followed them
-            self.fed = [row.clone() for row in rows]
-            width = max(len(row) for row in rows)
-            prompt = self.prompt_mask.shape[1]
-            block = torch.stack([torch.nn.functional.pad(row, (0, width - len(row))) for row in rows])
-            valid = torch.arange(width, device=block.device)[None] < torch.tensor([len(r) for r in rows], device=block.device)[:, None]
-            valid[:, :prompt] &= self.prompt_mask
-            return block, valid
-        todo = [row[len(fed) :] for row, fed in zip(rows, self.fed)]
-        self.fed = [row.clone() for row in rows]
-        width = max(len(t) for t in todo)
-        block = torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in todo])
-        valid = torch.arange(width)[None] < torch.tensor([len(t) for t in todo])[:, None]
-        return block, valid.to(block.device)
+    def accepted(self, seqs, verified):
+        # the row kept its first `a` drafts: those fed stay in the cache, the rest are discarded
+        kept = [min(a, fed) for a, fed in zip(verified.num_accepted, self.fed_drafts)]
+        self.kv.discard_last([fed - k for fed, k in zip(self.fed_drafts, kept)])
+        self.cached = [c + k for c, k in zip(self.cached, kept)]
+        self.fed_drafts = [0] * len(self.cached)
+
+    def _catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block of each row's tokens the cache lacks (right-padded), its host validity and each row's last index."""
+        todo = [seqs.ids(b)[self.cached[b] :] for b in range(seqs.size)]
+        counts = [len(t) for t in todo]
+        block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
+        valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
+        self.cached = [c + n for c, n in zip(self.cached, counts)]
+        return block, valid, torch.tensor([n - 1 for n in counts], device=block.device)
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens, lengths=None):
-        rows = [row[: int(n)] for row, n in zip(input_ids, lengths)] if lengths is not None else list(input_ids)
-        block, valid = self._sync(rows)
-        batch = len(rows)
-        last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of each row's last real token in the block
-        tokens, probs = [], []
-        drafting, stopped_early = torch.ones(batch, dtype=torch.bool, device=block.device), False
-        num_valid = torch.zeros(batch, dtype=torch.long, device=block.device)
+    def propose(self, seqs, max_tokens):
+        block, valid, last = self._catch_up(seqs)
+        batch, rows = seqs.size, [seqs.full(b) for b in range(seqs.size)]
+        everyone = torch.arange(batch, device=block.device)
+        stops = self.settings.confidence_threshold is not None
+        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
+        counts = torch.zeros(batch, dtype=torch.long) if stops else None
+        tokens, probs, stopped_early = [], [], False
         for i in range(max_tokens):
-            logits = self.kv.forward(block, valid, block.shape[1])
-            token, q, drafting = next_draft_token(self, logits[torch.arange(batch), last], rows, tokens, drafting, i == 0)
-            if not drafting.any():
-                stopped_early = True
-                break
+            logits = self.kv.forward(block, block.shape[1], valid=valid)
+            token, q, drafting = next_draft_token(self, logits[everyone, last], rows, tokens, drafting, i == 0)
+            if stops:  # which rows go on is decided on the device: one look per drafted token
+                still = drafting.cpu()
+                if not still.any():
+                    stopped_early = True
+                    break
+                counts += still.long()
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            num_valid += drafting.long()
-            for b in torch.nonzero(drafting).flatten().tolist():
-                self.fed[b] = torch.cat([self.fed[b], token[b : b + 1]])
             if i + 1 < max_tokens:  # the last draft is fed next step, if it is accepted
-                block, valid, last = token[:, None], drafting[:, None], torch.zeros_like(last)
-            else:
-                for b in torch.nonzero(drafting).flatten().tolist():
-                    self.fed[b] = self.fed[b][:-1]
-        if not tokens:
-            return Draft(input_ids[:, :0])
-        draft_tokens = torch.stack(tokens, dim=1)
-        all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
-                     stopped_early=stopped_early)
+                block, valid, last = token[:, None], (still if stops else torch.ones(batch, dtype=torch.bool))[:, None], last * 0
+        fed = counts.tolist() if stops else [len(tokens)] * batch
+        self.fed_drafts = [min(n, max_tokens - 1) for n in fed]
+        return assemble(tokens, probs, counts if stops else None, stopped_early, batch, block.device)

@@ -3,8 +3,8 @@
 A token-only drafter must guess what the target "thinks" from text alone. A feature-conditioned drafter
 (`SpecDrafterForCausalLM` with `config.target_feature_input`, trained by `training/distill.py --drafter eagle`) gets,
 at each position j, the token t_j AND the target's final hidden state f_{j-1} from the previous position, which the
-verification forward has already computed (the loop hands it over through `observe_target`; no extra target call).
-While drafting ahead it has no target features for its own tokens, so it feeds back its own output hidden state.
+verification forward has already computed (the loop hands it over in `accepted`; no extra target call). While drafting
+ahead it has no target features for its own tokens, so it feeds back its own output hidden state.
 
 Its KV cache only ever holds (token, TARGET feature) pairs: the positions it fed with its own features while drafting
 are dropped after each step and re-fed next step with the target's real features, for the drafts that were accepted.
@@ -16,20 +16,17 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..ragged_cache import RaggedKV, final_norm
-from .base import Draft, Drafter, next_draft_token
+from ..cache.hidden import final_norm
+from ..cache.ragged import RaggedKV
+from ..models.spec_drafter import SpecDrafterForCausalLM
+from .base import Draft, Drafter, assemble, check_device, next_draft_token
 from .features import TargetFeatures
 
 
 class EagleDrafter(Drafter):
     """Drafts k tokens with a feature-conditioned `SpecDrafterForCausalLM`, for one row or a batch."""
 
-    supports_batch = True
-    uses_target_hidden = True
-
     def __init__(self, model):
-        from ..modeling_drafter import SpecDrafterForCausalLM
-
         if not isinstance(model, SpecDrafterForCausalLM) or not model.config.target_feature_input:
             raise TypeError("EagleDrafter needs a SpecDrafterForCausalLM with config.target_feature_input=True.")
         self.model = model.eval()
@@ -38,84 +35,73 @@ class EagleDrafter(Drafter):
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        super().start(target, input_ids, generation_config, logits_processor)
-        if self.model.device != target.device:
-            raise ValueError(
-                f"The drafter is on {self.model.device} but the target is on {target.device}; "
-                f"move it first: `drafter.to({str(target.device)!r})`."
-            )
-        final_norm(target)  # raises a clear error for targets whose hidden state cannot be read
-        self.model.bind_target(target)
-        self.do_sample = bool(generation_config.do_sample)
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), mask[:, :0], fast_cpu_verify=False)
-        self.target_features = TargetFeatures(input_ids, attention_mask, self.model.config.hidden_size)
-        self.fed = [0] * len(input_ids)  # per row: real tokens whose (token, target feature) pair is in the cache
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        check_device(self.model, target.model, "drafter")
+        self.model.bind_target(target.model)
+        self.target_features = TargetFeatures(target, [final_norm(target.model)], seqs.size)
+        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
+        self.fed = [0] * seqs.size  # per row: real tokens whose (token, target feature) pair is in the cache
 
     @property
     def features(self) -> list[torch.Tensor]:
         return self.target_features.features
 
-    def observe_target(self, hidden, valid):
-        self.target_features.observe(hidden, valid)
-
-    def accepted(self, input_ids, num_accepted, lengths=None):
-        self.target_features.accept(input_ids, lengths)
+    def accepted(self, seqs, verified):
+        self.target_features.extend(verified)
 
     def select_rows(self, rows):
         self.kv.select_rows(rows)
         self.target_features.select(rows)
-        self.fed = [self.fed[b] for b in rows.tolist()]
+        self.fed = [self.fed[b] for b in rows]
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens, lengths=None):
-        n_rows = len(input_ids)
-        rows = self.target_features.rows(input_ids, lengths)
-        if not self.target_features.ready(rows):
-            return Draft(input_ids[:, :0])  # first step: the target has not produced features yet
+    def propose(self, seqs, max_tokens):
+        batch = seqs.size
+        if not self.target_features.ready(seqs):
+            return Draft.empty(batch, self.model.device)  # first step: the target has not produced features yet
         # 1. Catch up: feed each row's new tokens with the target's features of the positions before them.
         hidden_size = self.model.config.hidden_size
         todo, feats = [], []
-        for b, row in enumerate(rows):
-            shifted = torch.cat([self.features[b].new_zeros(1, hidden_size), self.features[b]])  # j -> f_{j-1}
+        for b in range(batch):
+            row, features = seqs.ids(b), self.features[b]
+            shifted = torch.cat([features.new_zeros(1, hidden_size), features])  # position j reads f_{j-1}
             todo.append(row[self.fed[b] :])
             feats.append(shifted[self.fed[b] : len(row)])
             self.fed[b] = len(row)
-        width = max(len(t) for t in todo)
-        block = torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in todo])
-        feat_block = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, width - len(f))) for f in feats])
-        valid = torch.arange(width, device=block.device)[None] < torch.tensor([len(t) for t in todo], device=block.device)[:, None]
-        logits = self.kv.forward(block, valid, width, target_features=feat_block)
+        counts = [len(t) for t in todo]
+        block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
+        feat_block = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+        valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
+        logits = self.kv.forward(block, block.shape[1], valid=valid, target_features=feat_block)
         hidden = self.kv.last_output.hidden_states[0]
-        last = valid.long().cumsum(dim=1).argmax(dim=1)
-        index = torch.arange(n_rows, device=block.device)
+        last = torch.tensor([n - 1 for n in counts], device=block.device)
+        everyone = torch.arange(batch, device=block.device)
 
         # 2. Draft ahead, feeding back the drafter's own hidden state as the feature.
-        tokens, probs = [], []
-        drafting, stopped_early = torch.ones(n_rows, dtype=torch.bool, device=block.device), False
-        num_valid = torch.zeros(n_rows, dtype=torch.long, device=block.device)
-        own_slots = torch.zeros(n_rows, dtype=torch.long)
+        rows = [seqs.full(b) for b in range(batch)]
+        stops = self.settings.confidence_threshold is not None
+        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
+        still = torch.ones(batch, dtype=torch.bool)
+        counts = torch.zeros(batch, dtype=torch.long) if stops else None
+        tokens, probs, own_slots, stopped_early = [], [], [0] * batch, False
         for i in range(max_tokens):
-            token, q, drafting = next_draft_token(self, logits[index, last], rows, tokens, drafting, i == 0)
-            if not drafting.any():
-                stopped_early = True
-                break
+            token, q, drafting = next_draft_token(self, logits[everyone, last], rows, tokens, drafting, i == 0)
+            if stops:
+                still = drafting.cpu()
+                if not still.any():
+                    stopped_early = True
+                    break
+                counts += still.long()
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            num_valid += drafting.long()
             if i + 1 < max_tokens:
-                feature = hidden[index, last][:, None]
-                logits = self.kv.forward(token[:, None], drafting[:, None], 1, target_features=feature)
+                feature = hidden[everyone, last][:, None]
+                logits = self.kv.forward(token[:, None], 1, valid=still[:, None], target_features=feature)
                 hidden = self.kv.last_output.hidden_states[0]
-                last = torch.zeros_like(last)
-                own_slots += drafting.long().cpu()
+                last = last * 0
+                own_slots = [n + int(s) for n, s in zip(own_slots, still.tolist())]
         # 3. Forget the positions fed with the drafter's own features; accepted ones are re-fed with the target's.
         self.kv.discard_last(own_slots)
-        if not tokens:
-            return Draft(input_ids[:, :0])
-        draft_tokens = torch.stack(tokens, dim=1)
-        all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
-                     stopped_early=stopped_early)
+        return assemble(tokens, probs, counts if stops else None, stopped_early, batch, block.device)

@@ -22,8 +22,11 @@ import heapq
 
 import torch
 
-from ..ragged_cache import final_norm
-from .base import Draft, Drafter, next_draft_token
+from ..cache.hidden import final_norm
+from ..cache.ragged import has_sliding_window
+from ..models.medusa import MedusaHeads
+from ..tree import Tree
+from .base import Draft, Drafter, assemble, check_device, next_draft_token
 from .features import TargetFeatures
 
 
@@ -50,8 +53,8 @@ def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
     return tree
 
 
-def tree_parents(paths) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
-    """Paths of ranks -> (parents [T], the paths ordered parents-first). Every path's prefix must be in the tree."""
+def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
+    """Paths of ranks -> (the Tree, the paths ordered parents-first). Every path's prefix must be in the tree."""
     ordered = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(ordered)}
     if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
@@ -59,16 +62,11 @@ def tree_parents(paths) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
     missing = [p for p in ordered if len(p) > 1 and p[:-1] not in index]
     if missing:
         raise ValueError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
-    return torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
+    return Tree([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
 
 
 class MedusaDrafter(Drafter):
-    supports_batch = True
-    uses_target_hidden = True
-
     def __init__(self, heads, tree="default"):
-        from ..modeling_medusa import MedusaHeads
-
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaDrafter needs MedusaHeads, got {type(heads).__name__}.")
         self.heads = heads.eval()
@@ -82,65 +80,62 @@ class MedusaDrafter(Drafter):
                                  "(config.head_accuracy); pass a list of paths instead, or retrain with training/distill.py.")
             tree = best_tree(accuracy, tree)
         self.tree = None if tree == "chain" else tree_parents(tree)
-        if self.tree is not None and max(len(p) for p in self.tree[1]) > heads.config.num_heads:
+        if self.tree is not None and self.tree[0].max_depth > heads.config.num_heads:
             raise ValueError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
 
     def vocab_size(self) -> int:
         return self.heads.config.vocab_size
 
-    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        super().start(target, input_ids, generation_config, logits_processor)
-        if self.heads.device != target.device:
-            raise ValueError(f"The Medusa heads are on {self.heads.device} but the target is on {target.device}; "
-                             f"move them first: `heads.to({str(target.device)!r})`.")
-        final_norm(target)  # raises a clear error for targets whose hidden state cannot be read
-        self.heads.bind_target(target)
-        self.do_sample = bool(generation_config.do_sample)
-        self.target_features = TargetFeatures(input_ids, attention_mask, self.heads.config.hidden_size)
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        check_device(self.heads, target.model, "Medusa heads")
+        if self.tree is not None and has_sliding_window(target.model.config):
+            raise ValueError("A tree of Medusa candidates needs full attention in every layer (its 4-D mask would "
+                             "cross the sliding window); use MedusaDrafter(heads, tree='chain') with this target.")
+        self.heads.bind_target(target.model)
+        self.target_features = TargetFeatures(target, [final_norm(target.model)], seqs.size)
 
-    def observe_target(self, hidden, valid):
-        self.target_features.observe(hidden, valid)
-
-    def accepted(self, input_ids, num_accepted, lengths=None):
-        self.target_features.accept(input_ids, lengths)
+    def accepted(self, seqs, verified):
+        self.target_features.extend(verified)
 
     def select_rows(self, rows):
         self.target_features.select(rows)
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens, lengths=None):
-        rows = self.target_features.rows(input_ids, lengths)
+    def propose(self, seqs, max_tokens):
         k = min(max_tokens, self.heads.config.num_heads)
-        if k <= 0 or not self.target_features.ready(rows):
-            return Draft(input_ids[:, :0])
-        last = torch.stack([f[len(r) - 2] for f, r in zip(self.target_features.features, rows)])  # [B, H]
+        if k <= 0 or not self.target_features.ready(seqs):
+            return Draft.empty(seqs.size, self.heads.device)
+        # the hidden state that chose each row's newest token
+        last = torch.stack([f[n - 2] for f, n in zip(self.target_features.features, seqs.lengths())])  # [B, H]
         logits = self.heads(last)[:, :k].float()  # [B, k, V]
         if self.tree is not None:
             return self._tree(logits, k)
-        tokens, probs = [], []
-        drafting, stopped_early = torch.ones(len(rows), dtype=torch.bool, device=logits.device), False
-        num_valid = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+        rows = [seqs.full(b) for b in range(seqs.size)]
+        stops = self.settings.confidence_threshold is not None
+        drafting = torch.ones(seqs.size, dtype=torch.bool, device=logits.device)
+        counts = torch.zeros(seqs.size, dtype=torch.long) if stops else None
+        tokens, probs, stopped_early = [], [], False
         for i in range(k):  # head i's token; rows stop at a head less confident than the threshold (adaptive length)
             token, q, drafting = next_draft_token(self, logits[:, i], rows, tokens, drafting, i == 0)
-            if not drafting.any():
-                stopped_early = True
-                break
+            if stops:
+                still = drafting.cpu()
+                if not still.any():
+                    stopped_early = True
+                    break
+                counts += still.long()
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            num_valid += drafting.long()
-        draft_tokens = torch.stack(tokens, dim=1)
-        all_valid = bool((num_valid == draft_tokens.shape[1]).all())
-        return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, None if all_valid else num_valid,
-                     stopped_early=stopped_early)
+        return assemble(tokens, probs, counts if stops else None, stopped_early, seqs.size, logits.device)
 
     def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
         """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""
-        parents, paths = self.tree
+        tree, paths = self.tree
         size = sum(len(p) <= max_depth for p in paths)  # parents-first order: the kept nodes are a prefix
-        parents, paths = parents[:size], paths[:size]
+        tree, paths = tree.prefix(size), paths[:size]
         width = max(max(p) for p in paths) + 1
         top = logits.topk(width, dim=-1).indices  # [B, k, width]
         depth = torch.tensor([len(p) - 1 for p in paths], device=logits.device)
         rank = torch.tensor([p[-1] for p in paths], device=logits.device)
-        return Draft(top[:, depth, rank], None, None, parents.to(logits.device))
+        return Draft(top[:, depth, rank], tree=tree)

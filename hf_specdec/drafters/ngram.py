@@ -141,8 +141,7 @@ class NgramDrafter(Drafter):
         NgramIndex(min_ngram, max_ngram)  # validate now, not at the first generate() call
         self.min_ngram, self.max_ngram, self.strategy = min_ngram, max_ngram, strategy
         self.max_tokens_by_match = caps
-        self.indexes: list[NgramIndex | None] = []
-        self.prompt_len, self.prompt_mask = 0, None
+        self.indexes: list[NgramIndex] = []
 
     def __repr__(self) -> str:
         return (
@@ -153,57 +152,27 @@ class NgramDrafter(Drafter):
     def _new_index(self) -> NgramIndex:
         return NgramIndex(self.min_ngram, self.max_ngram, count=self.strategy == "frequent")
 
-    supports_batch = True
-
-    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        super().start(target, input_ids, generation_config, logits_processor)
-        # one index per row; a row's prompt padding is never indexed
-        self.prompt_len = input_ids.shape[1]
-        self.prompt_mask = None if attention_mask is None else attention_mask.bool()
-        self.indexes = [None] * input_ids.shape[0]
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        self.indexes = [self._new_index() for _ in range(seqs.size)]  # one per row; prompt padding is never indexed
 
     def select_rows(self, rows):
-        self.indexes = [self.indexes[b] for b in rows.tolist()]
-        if self.prompt_mask is not None:
-            self.prompt_mask = self.prompt_mask[rows]
+        self.indexes = [self.indexes[b] for b in rows]
 
     @property
     def index(self) -> NgramIndex | None:  # the single-sequence view
-        return self.indexes[0] if getattr(self, "indexes", None) else None
+        return self.indexes[0] if self.indexes else None
 
-    def _sync(self, b: int, tokens: torch.Tensor) -> NgramIndex:
-        """Index the tokens row b has beyond what is indexed (a sequence that is not an extension: rebuild)."""
-        index = self.indexes[b]
-        indexed = len(index) if index is not None else 0
-        length = len(tokens)
-        if index is None or length < indexed or (indexed and int(tokens[indexed - 1]) != index.tokens[-1]):
-            self.indexes[b] = index = self._new_index()
-            indexed = 0
-        if length > indexed:
-            index.extend(tokens[indexed:].tolist())
-        return index
-
-    def _row(self, b: int, input_ids: torch.Tensor, lengths) -> torch.Tensor:
-        row = input_ids[b, : int(lengths[b])] if lengths is not None else input_ids[b]
-        if self.prompt_mask is None or bool(self.prompt_mask[b].all()):
-            return row
-        return torch.cat([row[: self.prompt_len][self.prompt_mask[b]], row[self.prompt_len :]])
-
-    def propose(self, input_ids, max_tokens, lengths=None):
-        if len(self.indexes) != input_ids.shape[0]:
-            self.indexes = [None] * input_ids.shape[0]  # used outside generate() (CandidateGenerator API)
+    def propose(self, seqs, max_tokens):
         caps = self.max_tokens_by_match
         proposals = []
-        for b in range(input_ids.shape[0]):
-            index = self._sync(b, self._row(b, input_ids, lengths))
-            proposal, matched = index.propose(max_tokens, self.strategy) if max_tokens > 0 else ([], 0)
+        for b, index in enumerate(self.indexes):
+            tokens = seqs.tokens(b)  # on the host: lookups need no device sync
+            index.extend(tokens[len(index) :])
+            proposal, matched = index.propose(max_tokens, self.strategy)
             if 0 < matched <= len(caps):
                 proposal = proposal[: caps[matched - 1]]
             proposals.append(proposal)
         width = max(len(p) for p in proposals)
-        tokens = torch.zeros(len(proposals), width, dtype=torch.long)
-        for b, p in enumerate(proposals):
-            tokens[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-        num_valid = torch.tensor([len(p) for p in proposals])
-        all_full = bool((num_valid == width).all())
-        return Draft(tokens.to(input_ids.device), None, None if all_full else num_valid.to(input_ids.device))
+        tokens = torch.tensor([p + [0] * (width - len(p)) for p in proposals], dtype=torch.long)
+        return Draft(tokens.to(seqs.ids(0).device), None, [len(p) for p in proposals])

@@ -17,7 +17,7 @@ the verification forward then runs only layers L.. on the hidden states the draf
 last draft, which the drafter proposed but never fed). Every token passes through each layer once, and rejected drafts
 are cropped from all layers together. The loop asks for this through `shares_target_cache` / `share_target_cache` /
 `verify`. GPT-2 (learned positions are added to the input embeddings, so the hidden states cannot re-enter the stack),
-sliding-window attention, and batches > 1 (their rows advance unevenly) keep a separate draft cache.
+sliding-window attention, padded prompts and batches > 1 (their rows advance unevenly) keep a separate draft cache.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..cache.ragged import has_sliding_window
 from ..cpu_matmul import small_m_linear
-from .base import Draft, next_draft_token
+from .base import Draft, Drafter, assemble, next_draft_token
 from .draft_model import DraftModelDrafter
 
 # architectures whose layer-L hidden states can re-enter the stack as `inputs_embeds` (no scaling, RoPE positions)
@@ -98,7 +99,6 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
     """
 
     default_num_draft_tokens = 4
-    supports_batch = True
 
     def __init__(self, num_layers: int | None = None):
         if num_layers is not None and (not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1):
@@ -136,19 +136,20 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         self.target, self.num_layers, self.total_layers = target, num_layers, total
         self.model = EarlyExitModel(target, base, layers_attr, num_layers)
 
-    def start(self, target, input_ids, generation_config, logits_processor, attention_mask=None):
-        self._bind(target)
-        super().start(target, input_ids, generation_config, logits_processor, attention_mask=attention_mask)
-        self.shared = None  # the target's RaggedKV once the loop shares it (see share_target_cache)
-        config = target.config
-        windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
-        self.shares_target_cache = (input_ids.shape[0] == 1 and config.model_type in KV_REUSE_MODEL_TYPES
-                                    and not windowed and (attention_mask is None or bool(attention_mask.all())))
-
-    def share_target_cache(self, target_kv) -> None:
-        """From now on draft in the target's cache: layers 0..L-1 of drafted tokens are computed once (see `verify`)."""
-        self.shared, self.kv = target_kv, None
+    def start(self, target, seqs, settings):
+        self._bind(target.model)
+        config = target.model.config
+        # KV reuse: draft in the target's own cache (one row, no padding, positions the hidden states can re-enter)
+        self.shared = target if (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES
+                                 and not has_sliding_window(config) and bool(seqs.prompt_mask.all())) else None
+        if self.shared is None:
+            return super().start(target, seqs, settings)
+        Drafter.start(self, target, seqs, settings)
         self.early_hidden = None  # layer-L hidden states of the tokens fed this step (pending tokens, drafts but last)
+
+    def accepted(self, seqs, verified):
+        if self.shared is None:  # with KV reuse, the loop's roll-back of the target's cache is the drafter's too
+            super().accepted(seqs, verified)
 
     def _layers(self, layers, cache_len: int, input_ids=None, inputs_embeds=None):
         """Run `layers` of the target's base model on new tokens after `cache_len` cached ones (batch 1, causal);
@@ -162,31 +163,34 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         base, attr = self.model.base, self.model.layers_attr
         captured = []
         hook = base.norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        cache = self.shared.cache
         all_layers = base._modules[attr]
         base._modules[attr] = nn.ModuleList(layers)
         try:
             out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
-                       position_ids=positions, cache=self.shared.cache, use_cache=True)
+                       position_ids=positions, cache=cache, use_cache=True)
         finally:
             base._modules[attr] = all_layers
             hook.remove()
         return captured[0], out.last_hidden_state
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens, lengths=None):
+    def propose(self, seqs, max_tokens):
         if self.shared is None:
-            return super().propose(input_ids, max_tokens, lengths=lengths)
+            return super().propose(seqs, max_tokens)
+        row = seqs.ids(0)[None]
         cached = self.shared.slots  # every layer holds these; layers 0..L-1 will also hold what is fed here
-        block = input_ids[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
+        block = row[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
         fed, hidden, tokens, probs = 0, [], [], []
         head = self.target.get_output_embeddings()
-        drafting, stopped_early = torch.ones(1, dtype=torch.bool, device=input_ids.device), False
+        drafting, stopped_early = torch.ones(1, dtype=torch.bool, device=row.device), False
         for i in range(max_tokens):
             h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
             fed += block.shape[1]
             hidden.append(h)
-            token, q, drafting = next_draft_token(self, head(normed[:, -1]).float(), [input_ids[0]], tokens, drafting, i == 0)
-            if not drafting.any():
+            token, q, drafting = next_draft_token(self, head(normed[:, -1]).float(), [seqs.full(0)], tokens, drafting,
+                                                  i == 0)
+            if self.settings.confidence_threshold is not None and not bool(drafting.any()):
                 stopped_early = True
                 break
             tokens.append(token)
@@ -194,21 +198,22 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
                 probs.append(q)
             block = token[:, None]
         self.early_hidden = torch.cat(hidden, dim=1)
-        if not tokens:
-            return Draft(input_ids[:, :0])
-        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None, stopped_early=stopped_early)
+        return assemble(tokens, probs, None, stopped_early, 1, row.device)
 
-    def verify(self, target_kv, new_ids, valid, num_logits: int) -> torch.Tensor:
+    def verify(self, target, pending, pending_valid, draft):
         """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
-        (the last draft), then layers L.. for all of `new_ids` from their layer-L hidden states. Logits [1, n, V]."""
-        cached = target_kv.slots
+        (the last draft), then layers L.. for all of the block from their layer-L hidden states. Logits [1, n, V]."""
+        if self.shared is None:
+            return super().verify(target, pending, pending_valid, draft)
+        new_ids = torch.cat([pending, draft.tokens], dim=1)
+        cached = target.slots
         done = 0 if self.early_hidden is None else self.early_hidden.shape[1]
         parts = [] if self.early_hidden is None else [self.early_hidden]
         if done < new_ids.shape[1]:
             parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
         self.early_hidden = None
-        with small_m_linear(target_kv.fast):
+        with small_m_linear(target.fast):
             _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
-            logits = self.target.get_output_embeddings()(normed[:, -num_logits:])
-        target_kv.append_slots(valid)
+            logits = self.target.get_output_embeddings()(normed[:, -(draft.num_tokens + 1) :])
+        target.append_slots(torch.ones(new_ids.shape, dtype=torch.bool))
         return logits.float()

@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
-from .modeling_drafter import _NOT_BOUND, BorrowedLMHead, DrafterSaving, TargetNotBoundError, _TargetLink
+from .borrowed import NOT_BOUND, BorrowedLMHead, TargetLink, TargetNotBoundError
+from .saving import DrafterSaving
 
 MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
 
@@ -108,7 +109,7 @@ class MedusaHeads(DrafterSaving, PreTrainedModel):
         if self.config.share_lm_head and (self.lm_head.link is None or self.lm_head.link.target is not target):
             if not target.get_output_embeddings().weight.is_floating_point():
                 raise ValueError("The target's LM head is quantized; keep it in floating point (bitsandbytes skips it by default).")
-            self.lm_head.link = _TargetLink(target)
+            self.lm_head.link = TargetLink(target)
             self.lm_head._rows = None
         return self
 
@@ -128,14 +129,12 @@ class MedusaHeads(DrafterSaving, PreTrainedModel):
         """`hidden` [..., H] (the target's final hidden state) -> logits [..., num_heads, V] (only `heads`, if given;
         with a draft vocabulary and `full_vocab=False`, only its columns, as training uses them)."""
         if self.config.share_lm_head and self.lm_head.link is None:
-            raise TargetNotBoundError(_NOT_BOUND.replace("SpecDrafterForCausalLM", "MedusaHeads"))
+            raise TargetNotBoundError(NOT_BOUND.replace("SpecDrafterForCausalLM", "MedusaHeads"))
         hidden = hidden.to(self.dtype)
         chosen = range(self.config.num_heads) if heads is None else heads
         if self.config.share_lm_head:
             return torch.stack([self.lm_head(self.heads[i](hidden), full_vocab=full_vocab) for i in chosen], dim=-2)
         return torch.stack([self.lm_heads[i](self.heads[i](hidden)) for i in chosen], dim=-2)
 
-
-AutoConfig.register(MEDUSA_MODEL_TYPE, MedusaConfig, exist_ok=True)  # so AutoConfig reads a Medusa folder's config
 
 __all__ = ["MedusaConfig", "MedusaHeads", "MEDUSA_MODEL_TYPE"]

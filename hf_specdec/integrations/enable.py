@@ -10,8 +10,8 @@ import functools
 
 from transformers import StoppingCriteriaList, StopStringCriteria
 
-from .decoding import speculative_generate
-from .drafters import as_drafter
+from ..assistants import as_drafter
+from ..generation.loop import speculative_generate
 
 
 def enable(model):
@@ -30,7 +30,7 @@ def enable(model):
             raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
         if model.config.is_encoder_decoder:
             raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
-        assistant = as_drafter(assistant)  # a wrong type fails here, before generate() prepares anything
+        assistant = as_drafter(assistant, target=model)  # a wrong name or type fails here, before any work
         streamer = kwargs.pop("streamer", None)
         # generate() drops `tokenizer` for custom_generate callables, so build the stop-string criterion here.
         stop_strings = kwargs.pop("stop_strings", None)

@@ -11,7 +11,7 @@ those rows of the target's LM head: on a CPU the 49152-row head is most of a sma
 returns FULL-vocabulary logits, -inf outside the subset, so `DraftModelDrafter`, greedy and sampling stay exact: the
 target verifies every token, a drafter only decides how many are accepted.
 
-    import hf_specdec, hf_specdec.modeling_drafter  # the import registers the model type with the Auto classes
+    import hf_specdec  # registers the drafter kinds, and this model type with the Auto classes
     drafter = AutoModelForCausalLM.from_pretrained("path/to/drafter")
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter, do_sample=False)
 
@@ -21,30 +21,20 @@ to use the drafter on its own (training, `drafter.generate()`).
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import DynamicCache, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, TargetLink, TargetNotBoundError
+from .saving import DrafterSaving
+
 MODEL_TYPE = "hf_specdec_drafter"
-
-
-class TargetNotBoundError(RuntimeError):
-    """The drafter was used before `bind_target(target)`: it has no embeddings / LM head of its own."""
-
-
-_NOT_BOUND = (
-    "This SpecDrafterForCausalLM has no input embeddings or LM head of its own: it borrows its target's. Call "
-    "`drafter.bind_target(target)` first, or pass it as `assistant=` to the target's `generate(..., "
-    "custom_generate=hf_specdec.speculative_generate)`, which binds it."
-)
 
 
 @strict
@@ -55,7 +45,7 @@ class SpecDrafterConfig(PreTrainedConfig):
     draft_vocab_size: size of the reduced output vocabulary (0 or None: the full vocabulary).
     target_feature_input: EAGLE-style drafter: each position's input is its token embedding fused with the TARGET's
         final hidden state at the previous position (`target_features`); while drafting ahead the drafter feeds its
-        own output hidden state instead. `hf_specdec.drafters.FeatureDrafter` runs such drafters.
+        own output hidden state instead. `hf_specdec.drafters.EagleDrafter` runs such drafters.
     save_dtype: dtype of the weights on disk ("float16" halves the file; weights are cast back on load).
     target_name_or_path / target_quantization: the target this drafter was distilled to, as deployed
         ("none", "8bit" or "4bit" bitsandbytes).
@@ -102,107 +92,6 @@ class SpecDrafterConfig(PreTrainedConfig):
         if self.draft_vocab_size and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in 1..vocab_size={self.vocab_size} (or 0 for the full vocabulary).")
         super().__post_init__(**kwargs)
-
-
-class _TargetLink:
-    """The target's embedding and head modules, held outside the nn.Module tree: not parameters, not in the state
-    dict, not moved by `.to()`, not broadcast by DDP, and shared (not duplicated) by `copy.deepcopy`."""
-
-    def __init__(self, target: PreTrainedModel):
-        self.target = target
-        self.embed = target.get_input_embeddings()
-        self.head = target.get_output_embeddings()
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __reduce__(self):  # pickling a drafter never pickles its target: it comes back unbound
-        return (type(None), ())
-
-
-class BorrowedEmbedding(nn.Module):
-    """Stands in for `embed_tokens`: calls the bound target's own input-embedding module (any scaling included)."""
-
-    def __init__(self):
-        super().__init__()
-        self.link: _TargetLink | None = None
-
-    @property
-    def weight(self) -> torch.Tensor:
-        if self.link is None:
-            raise AttributeError(_NOT_BOUND)
-        return self.link.embed.weight
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.link is None:
-            raise TargetNotBoundError(_NOT_BOUND)
-        return self.link.embed(input_ids)
-
-
-class BorrowedLMHead(nn.Module):
-    """The target's LM head, restricted to the `draft_vocab` rows when the drafter has a reduced vocabulary.
-
-    The rows are gathered once per binding (a cached, unsaved copy of `draft_vocab_size` rows, 18.9 MB for
-    8192 x 576 in fp32) rather than on every call; with the full vocabulary the target's weight is used as is.
-    """
-
-    def __init__(self, config: SpecDrafterConfig):
-        super().__init__()
-        self.vocab_size = config.vocab_size
-        self.link: _TargetLink | None = None
-        self._rows: tuple | None = None  # (key, weight rows, bias rows)
-        if config.draft_vocab_size:
-            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size, dtype=torch.long))
-        else:
-            self.draft_vocab = None
-
-    @property
-    def weight(self) -> torch.Tensor:
-        if self.link is None:
-            raise AttributeError(_NOT_BOUND)
-        return self.link.head.weight
-
-    def _weight_rows(self, dtype: torch.dtype):
-        weight, bias = self.link.head.weight, getattr(self.link.head, "bias", None)
-        ids = self.draft_vocab
-        key = (weight.data_ptr(), weight._version, dtype, None if ids is None else (ids.data_ptr(), ids._version))
-        if self._rows is None or self._rows[0] != key:
-            with torch.no_grad():
-                w = weight.detach() if ids is None else weight.detach().index_select(0, ids.to(weight.device))
-                b = None if bias is None else (bias.detach() if ids is None else bias.detach()[ids])
-                self._rows = (key, w.to(dtype), None if b is None else b.to(dtype))
-        return self._rows[1], self._rows[2]
-
-    def forward(self, hidden: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
-        """Logits `[..., vocab_size]` (-inf outside the draft vocabulary), or `[..., draft_vocab_size]` columns in
-        `draft_vocab` order when `full_vocab=False` (what training uses: no 49k-wide tensor)."""
-        if self.link is None:
-            raise TargetNotBoundError(_NOT_BOUND)
-        weight, bias = self._weight_rows(hidden.dtype)
-        logits = nn.functional.linear(hidden, weight, bias)
-        if self.draft_vocab is None or not full_vocab:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_vocab, logits)
-
-    def extra_repr(self) -> str:
-        n = "full" if self.draft_vocab is None else len(self.draft_vocab)
-        return f"vocab_size={self.vocab_size}, draft_vocab={n}, bound={self.link is not None}"
-
-
-class DrafterSaving:
-    """`save_pretrained` for drafter models: their own weights only, in `config.save_dtype`, plus custom_generate/."""
-
-    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
-        if state_dict is None and self.config.save_dtype:
-            dtype = getattr(torch, self.config.save_dtype)
-            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
-        if __package__ == "hf_specdec" and (args[0] if args else kwargs.get("is_main_process", True)):
-            # custom_generate/ lets plain transformers decode with this folder (written first, so that
-            # `push_to_hub=True` uploads it too). The copy of this module bundled there has no hf_specdec.hub and
-            # writes none; importlib keeps that copy from depending on it.
-            importlib.import_module("hf_specdec.hub").write_custom_generate(save_directory)
-        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
 
 class SpecDrafterPreTrainedModel(DrafterSaving, PreTrainedModel):
@@ -305,7 +194,7 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
             )
         if head.weight.shape[0] < self.config.vocab_size:
             raise ValueError(f"The target's LM head has {head.weight.shape[0]} rows, fewer than its vocabulary.")
-        link = _TargetLink(target)
+        link = TargetLink(target)
         self.model.embed_tokens.link = link
         self.lm_head.link = link
         self.lm_head._rows = None
@@ -355,7 +244,7 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
         (in `draft_vocab` order), and `logits_to_keep` may be a `[B, L]` bool mask (logits `[N, V]` for its True
         positions, row-major)."""
         if not self.is_bound:
-            raise TargetNotBoundError(_NOT_BOUND)
+            raise TargetNotBoundError(NOT_BOUND)
         for unused in ("output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
         hidden, cache = self.model(
@@ -406,9 +295,6 @@ def drafter_config_from_target(target_config, num_hidden_layers: int = 2, interm
         **kwargs,
     )
 
-
-AutoConfig.register(MODEL_TYPE, SpecDrafterConfig, exist_ok=True)
-AutoModelForCausalLM.register(SpecDrafterConfig, SpecDrafterForCausalLM, exist_ok=True)
 
 __all__ = [
     "SpecDrafterConfig",

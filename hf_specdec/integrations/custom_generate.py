@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from .auto_drafter import HUB_KWARGS, AutoDrafter
-from .decoding import speculative_generate
+from ..auto_drafter import HUB_KWARGS, AutoDrafter
+from ..generation.loop import speculative_generate
 
 
 def generate(model, drafter: str | None = None, **kwargs):
@@ -28,15 +28,16 @@ def generate(model, drafter: str | None = None, **kwargs):
         raise ValueError("custom_generate=<drafter folder or repo> brings its own drafter: drop `assistant=`.")
     hub = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}  # where to read the drafter, not generation options
     source = drafter or _custom_generate_source(model)
-    assistant = _load_drafter(source, tuple(sorted(hub.items()))).to(model.device)
+    assistant = _load_drafter(source, tuple(sorted(hub.items())), str(model.device), str(model.dtype))
     if hasattr(assistant, "bind_target"):  # drafters that borrow the target's embeddings / LM head
         assistant.bind_target(model)
     return model.generate(custom_generate=speculative_generate, assistant=assistant, **kwargs)
 
 
-@functools.lru_cache(maxsize=2)  # loaded once per process: a Hub id would otherwise be looked up at every call
-def _load_drafter(source: str, hub: tuple):
-    return AutoDrafter.from_pretrained(source, **dict(hub))
+@functools.lru_cache(maxsize=4)  # loaded once per process: a Hub id would otherwise be looked up at every call
+def _load_drafter(source: str, hub: tuple, device: str, target_dtype: str):
+    """The drafter at `source`, on `device`; one per (source, where to read it, device, target dtype)."""
+    return AutoDrafter.from_pretrained(source, **dict(hub)).to(device)
 
 
 def _custom_generate_source(model) -> str:

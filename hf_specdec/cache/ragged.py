@@ -1,0 +1,172 @@
+"""A KV cache whose rows advance at different speeds — how batch > 1 works without re-aligning the cache.
+
+Design note. After a verification forward every row has written the same number of new slots, but row b keeps only
+its accepted prefix (or, for a tree, its accepted path). Two ways to continue: (a) re-align, i.e. gather each row's kept
+slots so rows are contiguous again (a copy of the whole cache per step, O(context) per layer), or (b) keep the slots
+where they are and mark rejected ones as holes in the 2-D attention mask, with per-row position ids. We use (b): it
+costs no copy, works for every `Cache` class that can crop, and the trailing slots that every row rejected are cropped
+away, so for a chain at batch 1 no hole ever remains. Attention in transformers is causal by slot order, and each
+row's real tokens stay in increasing slot order, so causality and positions (RoPE or learned) are exact. The price is
+attention over holes, which is small next to the MLPs for the short contexts speculative decoding runs on.
+Sliding-window attention counts slots, not positions, so holes would shift its window: such targets decode batch 1
+and chains only (the loop refuses the rest before any work).
+
+Bookkeeping is split so that no step reads the device to decide what to do: which slots each row holds is kept on the
+host (`cols`), the attention mask that mirrors it on the device (`slot_mask`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cpu_matmul import small_m_linear
+from ..tree import Tree
+
+
+def has_sliding_window(config) -> bool:
+    """Whether any attention layer of this (text) config attends over a sliding window."""
+    text = config.get_text_config()
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types:
+        return any(t in ("sliding_attention", "chunked_attention") for t in layer_types)
+    return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+
+
+class RaggedKV:
+    """A model plus its cache, fed per-row token blocks with validity masks; rejected slots become holes."""
+
+    def __init__(self, model, cache, batch_size: int, fast_cpu_verify: bool = False):
+        cache.activate_past_recording()  # so that sliding-window layers can be rolled back past their window
+        self.model, self.cache = model, cache
+        self.device = model.device
+        self.cols: list[list[int]] = [[] for _ in range(batch_size)]  # each row's real slots, in order (host)
+        self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        self.fast = fast_cpu_verify and self.device.type == "cpu"
+        self.keep_logits = model._supports_logits_to_keep()
+        self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
+        self.last_output = None
+
+    @property
+    def slots(self) -> int:
+        return self.slot_mask.shape[1]
+
+    @property
+    def has_holes(self) -> bool:
+        return any(len(c) != self.slots for c in self.cols)
+
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        """The captured hidden states of every token the last forward fed, [B, m, H]."""
+        return None if self.capture is None else self.capture.hidden
+
+    def _positions(self, valid: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-row positions of a new block (`valid` [B, m] on the host); padding slots get position 1."""
+        base = torch.tensor([len(c) for c in self.cols])[:, None]
+        positions = (base + valid.long().cumsum(dim=1) - 1).masked_fill(~valid, 1)
+        return positions if extra is None else torch.cat([positions, extra], dim=1)
+
+    def append_slots(self, valid: torch.Tensor) -> None:
+        """Record new slots that something else wrote into the cache (a drafter running the target's own layers);
+        `valid`: host bools [B, m]."""
+        self._append(valid.cpu())
+
+    def _append(self, valid: torch.Tensor) -> None:
+        start = self.slots
+        for cols, row in zip(self.cols, valid.tolist()):
+            cols.extend(start + j for j, real in enumerate(row) if real)
+        self.slot_mask = torch.cat([self.slot_mask, valid.to(self.device, torch.long)], dim=1)
+
+    def forward(self, ids: torch.Tensor, num_logits: int, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
+        """Feed `ids` [B, m] (`valid`: a host bool [B, m] of the real tokens, None = all); return the last
+        `num_logits` logits in float32."""
+        valid = torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid.cpu()
+        positions = self._positions(valid).to(self.device)
+        self._append(valid)
+        mask = self.slot_mask if self.has_holes else None
+        return self._run(ids, positions, num_logits, mask, extra)
+
+    def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tokens: torch.Tensor, tree: Tree,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed each row's uncached tokens `pending` [B, u] and its candidate tree `tokens` [B, T] in ONE forward: node i
+        sits at the position after its depth and attends to the row's real past, its pending tokens and its own
+        ancestors only (a 4-D additive mask through the model's normal forward). Host bool masks: `pending_valid`
+        [B, u], `valid` [B, T] (None = every node). Returns float32 logits [B, T + 1, V]: row 0 after the last pending
+        token, row i + 1 after node i."""
+        batch, u = pending.shape
+        size, device = tree.size, self.device
+        pending_valid = pending_valid.cpu()
+        valid = torch.ones(batch, size, dtype=torch.bool) if valid is None else valid.cpu()
+        root = torch.tensor([len(c) for c in self.cols])[:, None] + pending_valid.long().sum(dim=1, keepdim=True) - 1
+        positions = self._positions(pending_valid, root + torch.tensor(tree.depth)[None]).to(device)
+        past = self.slot_mask.bool()
+        self._append(torch.cat([pending_valid, valid], dim=1))
+        pend, nodes = pending_valid.to(device), valid.to(device)
+        # allowed[b, query, key]: real old slots; pending tokens causally; nodes see all pending and their ancestors
+        allowed = torch.zeros(batch, u + size, self.slots, dtype=torch.bool, device=device)
+        allowed[:, :, : past.shape[1]] = past[:, None, :]
+        allowed[:, :u, past.shape[1] : past.shape[1] + u] = torch.ones(u, u, dtype=torch.bool, device=device).tril() & pend[:, None, :]
+        allowed[:, u:, past.shape[1] : past.shape[1] + u] = pend[:, None, :]
+        allowed[:, u:, past.shape[1] + u :] = tree.tensors(device)["ancestors"][None] & nodes[:, None, :]
+        # a padded slot sees itself, so that no attention row is empty (its output is never used)
+        diagonal = torch.eye(u + size, dtype=torch.bool, device=device)[None] & ~torch.cat([pend, nodes], dim=1)[:, :, None]
+        allowed[:, :, past.shape[1] :] |= diagonal
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+        return self._run(torch.cat([pending, tokens], dim=1), positions, size + 1, mask[:, None], {})
+
+    def _run(self, ids, positions, num_logits: int, mask, kwargs: dict) -> torch.Tensor:
+        """The model's forward on the cache (keeping `last_output`, and the captured hidden states)."""
+        if self.keep_logits:
+            kwargs["logits_to_keep"] = num_logits
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        with small_m_linear(self.fast):
+            if self.capture is None:
+                out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+            else:
+                with self.capture.recording():
+                    out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+        self.last_output = out
+        return out.logits[:, -num_logits:].float()
+
+    def keep(self, num_new: int, kept: list[list[int]]) -> None:
+        """Of the last `num_new` slots, row b keeps the offsets `kept[b]` (its accepted path); the rest become holes
+        and the trailing slots no row keeps are cropped."""
+        start = self.slots - num_new
+        mask = torch.zeros(len(self.cols), num_new, dtype=torch.long)
+        for b, offsets in enumerate(kept):
+            cols = self.cols[b]
+            while cols and cols[-1] >= start:
+                cols.pop()
+            cols.extend(start + j for j in offsets)
+            mask[b, offsets] = 1
+        if num_new:
+            self.slot_mask = torch.cat([self.slot_mask[:, :start], mask.to(self.device)], dim=1)
+        self._crop_trailing()
+
+    def discard_last(self, counts: list[int]) -> None:
+        """Turn each row's last `counts[b]` real slots into holes (rejected drafts), then crop trailing holes."""
+        dropped = []
+        for b, n in enumerate(counts):
+            if n:
+                dropped += [(b, col) for col in self.cols[b][-n:]]
+                del self.cols[b][-n:]
+        if dropped:
+            rows, cols = torch.tensor(dropped).T.to(self.device)
+            self.slot_mask = self.slot_mask.index_put((rows, cols), torch.zeros((), dtype=torch.long, device=self.device))
+        self._crop_trailing()
+
+    def _crop_trailing(self) -> None:
+        used = max((c[-1] + 1 for c in self.cols if c), default=0)
+        droppable = self.slots - used
+        # crop(0) too: it trims sliding-window layers back to their window once the step is settled
+        self.cache.crop(-droppable)
+        self.slot_mask = self.slot_mask[:, :used]
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only these rows (finished rows leave the batch and stop costing work)."""
+        index = torch.tensor(rows, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.slot_mask = self.slot_mask[index]
+        self.cols = [self.cols[b] for b in rows]
+        self._crop_trailing()

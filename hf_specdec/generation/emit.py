@@ -1,0 +1,80 @@
+"""Emitting a step's tokens: each row appends its accepted block up to exactly where plain decoding would have stopped,
+the streamer and the per-token scores follow, and finished rows leave the batch."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+
+from ..draft_length import StepOutcome
+
+
+class Stopper:
+    """The call's stopping criteria, checked token by token where plain decoding checks them (after each token, with
+    that token's scores). The ones transformers defines by length, EOS and time are read on the host from the tokens
+    the step already brought back; any other (stop strings, your own) runs on the row's prefix on the device."""
+
+    def __init__(self, criteria, max_length: int):
+        criteria = list(criteria or [])
+        self.max_length = min([c.max_length for c in criteria if type(c) is MaxLengthCriteria] + [max_length])
+        self.eos = {int(t) for c in criteria if type(c) is EosTokenCriteria for t in c.eos_token_id.flatten().tolist()}
+        self.timers = [c for c in criteria if type(c) is MaxTimeCriteria]
+        self.others = StoppingCriteriaList(c for c in criteria
+                                           if type(c) not in (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria))
+
+    def first_stop(self, full: torch.Tensor, ids: torch.Tensor, tokens: list[int], scores) -> int | None:
+        """The index in `tokens` (a row's block, appended after its `full` sequence) where generation stops, or None."""
+        now = time.time()
+        for j, token in enumerate(tokens):
+            if full.shape[0] + j + 1 >= self.max_length:
+                return j
+            if token in self.eos or any(now - c.initial_timestamp > c.max_time for c in self.timers):
+                return j
+            if self.others and bool(self.others(torch.cat([full, ids[: j + 1]])[None], scores(j)).any()):
+                return j
+        return None
+
+
+def emit(run, step) -> None:
+    """Append each row's block (cut at its stop), feed the streamer and the outputs, drop finished rows."""
+    seqs, finished = run.seqs, []
+    num_emitted = []
+    for b, tokens in enumerate(step.tokens):
+        ids = step.ids[b, : len(tokens)]
+        stop = run.stopper.first_stop(seqs.full(b), ids, tokens, lambda j: step.scores[b : b + 1, step.score_rows[b, j]])
+        n = len(tokens) if stop is None else stop + 1
+        seqs.append(b, ids[:n], tokens[:n])
+        num_emitted.append(n)
+        if run.want_scores or run.want_logits:  # batch 1 only (validated): one entry per emitted token
+            rows = step.score_rows[b, :n]
+            run.scores_out += [step.scores[b : b + 1, r] for r in rows.tolist()] if run.want_scores else []
+            run.logits_out += [step.logits[b : b + 1, r] for r in rows.tolist()] if run.want_logits else []
+        if run.streamer is not None:
+            run.streamer.put(ids[:n][None].cpu())
+        if stop is not None:
+            finished.append(b)
+    run.stats.record_step(step.draft.depth_by_row(), step.num_accepted, num_emitted, seqs.index,
+                          step.draft_seconds, step.target_seconds)
+    depth = step.draft.shape.max_depth
+    # a confidence stop is a miss at the next position: choosing a longer length bought nothing there
+    run.policy.update(StepOutcome(depth, depth + int(step.draft.stopped_early), min(step.num_accepted),
+                                  step.draft_seconds, step.draft_seconds + step.target_seconds))
+    keep = [b for b in range(seqs.size) if b not in finished]
+    for b in finished:
+        run.finished[seqs.index[b]] = seqs.full(b)
+    if finished and keep:  # finished rows leave the batch and stop costing work
+        run.target.select_rows(keep)
+        run.drafter.select_rows(keep)
+        step.verified.select(keep)
+    seqs.select(keep)
+    # the next step's uncached tokens: each row's newest token, the target's own pick
+    run.pending = torch.stack([seqs.ids(b)[-1:] for b in range(seqs.size)]) if keep else None
+    run.pending_valid = torch.ones(len(keep), 1, dtype=torch.bool)
+    if keep:
+        run.drafter.accepted(seqs, step.verified)
+
+
+__all__ = ["Stopper", "emit"]

@@ -1,0 +1,141 @@
+"""The speculative decoding loop: `speculative_generate`, a `custom_generate` callable for `model.generate()`.
+
+`generate()` prepares the generation config, the logits processors (warpers included), the stopping criteria and the
+cache, then calls this loop, which reads as four phases:
+
+    1. validate   every check that can fail, before any forward pass            (validate.py)
+    2. set up     the drafter, the target's ragged cache, the rows               (below)
+    3. decode     while rows remain: one step (draft, verify, accept, roll back)  (step.py)
+                  then emit its tokens (stopping exactly where plain decoding does)  (emit.py)
+    4. finish     the sequences, in generate()'s output types                   (below)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache.ragged import RaggedKV
+from ..draft_length import policy_for_call
+from ..drafters.base import DraftSettings
+from ..sequences import Sequences
+from .emit import Stopper, emit
+from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
+from .step import speculative_step
+from .validate import validate
+
+
+@dataclass
+class Run:
+    """One `generate()` call's decoding state."""
+
+    target: RaggedKV
+    drafter: object
+    policy: object
+    rule: object
+    processors: object
+    stopper: Stopper
+    seqs: Sequences
+    stats: SpeculationStats
+    max_length: int
+    pending: torch.Tensor  # [B, u] each row's tokens not yet in the target's cache (the prompt at first)
+    pending_valid: torch.Tensor  # [B, u] host bools: which of them are real (the prompt's padding is not)
+    streamer: object = None
+    want_scores: bool = False
+    want_logits: bool = False
+    scores_out: list = field(default_factory=list)
+    logits_out: list = field(default_factory=list)
+    finished: dict = field(default_factory=dict)  # the caller's row index -> its final sequence
+
+    @property
+    def device(self):
+        return self.target.device
+
+
+@torch.no_grad()
+def speculative_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    assistant=None,
+    num_draft_tokens: int | None = None,
+    speculation_stats: SpeculationStats | None = None,
+    draft_length="constant",
+    fast_cpu_verify: bool = True,
+    hf_specdec_streamer=None,
+    verification: str = "exact",
+    typical_threshold: float = 0.09,
+    typical_alpha: float = 0.3,
+    **model_kwargs,
+):
+    """Exact speculative decoding, used as `model.generate(..., custom_generate=speculative_generate, assistant=...)`.
+
+    Greedy output is token-identical to plain greedy `generate()` (row by row for left-padded batches); sampled output
+    has exactly the target's distribution (after every logits processor and warper `generate()` built). Extra
+    arguments: `assistant` (a drafter name such as 'ngram' or 'distilled', a draft model, a Drafter, a folder or Hub
+    id: see `hf_specdec.assistants`), `num_draft_tokens` (max drafts per step), `speculation_stats` (a
+    `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a policy, see `draft_length.py`;
+    `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`), `verification` ('exact', or 'typical':
+    Medusa's typical acceptance with `typical_threshold` / `typical_alpha`, sampling only, LOSSY).
+    """
+    # 1. Validate every input before any forward pass.
+    request = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, assistant, num_draft_tokens,
+                       verification, typical_threshold, typical_alpha)
+    # 2. Set up the rows, the target's ragged cache and the drafter.
+    run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request,
+                 model_kwargs.get("attention_mask"), speculation_stats, draft_length, fast_cpu_verify,
+                 hf_specdec_streamer, assistant)
+    # 3. Decode: a step drafts, verifies and accepts for every row; emit appends what each row keeps.
+    while run.seqs.size:
+        emit(run, speculative_step(run))
+    # 4. Finish.
+    return finish(run, generation_config, request.cache, input_ids.shape[0])
+
+
+def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, attention_mask,
+           stats, draft_length, fast_cpu_verify, streamer, assistant) -> Run:
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    policy = policy_for_call(draft_length, assistant, model, input_ids.shape[0])
+    policy.start(request.num_draft_tokens)
+    seqs = Sequences(input_ids, attention_mask)
+    target = RaggedKV(model, request.cache, input_ids.shape[0], fast_cpu_verify)
+    settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
+                             policy.confidence_threshold)
+    request.drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    want = generation_config.return_dict_in_generate
+    run = Run(target, request.drafter, policy, request.rule, logits_processor,
+              Stopper(stopping_criteria, generation_config.max_length), seqs,
+              stats if stats is not None else SpeculationStats(), generation_config.max_length, input_ids,
+              seqs.prompt_mask.clone(), streamer, want and bool(generation_config.output_scores),
+              want and bool(generation_config.output_logits))
+    if input_ids.shape[1] >= run.max_length:  # nothing to generate, as in plain decoding
+        run.finished = dict(enumerate(input_ids))
+        seqs.select([])
+    return run
+
+
+def finish(run: Run, generation_config, cache, batch_size: int):
+    if run.streamer is not None:
+        run.streamer.end()
+    pad = generation_config._pad_token_tensor
+    sequences = torch.nn.utils.rnn.pad_sequence([run.finished[b] for b in range(batch_size)], batch_first=True,
+                                                padding_value=int(pad) if pad is not None else 0)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    return SpeculativeDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(run.scores_out) if run.want_scores else None,
+        logits=tuple(run.logits_out) if run.want_logits else None,
+        cache=cache,
+        speculation_stats=run.stats,
+    )
+
+
+__all__ = ["speculative_generate", "Run"]

@@ -1,0 +1,124 @@
+"""Every check a call can fail, done before any forward pass, so that a bad call leaves the model untouched; and the
+acceptance rule, chosen once per call."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from transformers import DynamicCache
+
+from ..assistants import as_drafter
+from ..cache.ragged import has_sliding_window
+from ..drafters.base import Drafter
+from ..verification import Accepted, greedy, rejection_sample, typical
+
+#: generate() inputs the loop handles itself
+MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
+
+
+@dataclass(frozen=True)
+class AcceptRule:
+    """The verification rule of a call: `greedy` and `exact` sampling keep the output exact; `typical` is Medusa's
+    lossy typical acceptance, used only when asked for. Call it with a draft and the target's processed scores."""
+
+    name: str
+    threshold: float = 0.0
+    alpha: float = 0.0
+
+    def __call__(self, draft, scores) -> Accepted:
+        tree, valid = draft.shape, draft.valid_mask()
+        valid = None if valid is None else valid.to(scores.device)
+        if self.name == "greedy":
+            return greedy(draft.tokens, tree, scores, valid)
+        probs = scores.softmax(dim=-1)
+        if self.name == "typical":
+            return typical(draft.tokens, tree, probs, self.threshold, self.alpha, valid)
+        return rejection_sample(draft.tokens, tree, probs, draft.probs, valid)
+
+
+def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
+    if verification_mode == "exact":
+        return AcceptRule("exact" if generation_config.do_sample else "greedy")
+    if verification_mode != "typical":
+        raise ValueError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
+    if not generation_config.do_sample:
+        raise ValueError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
+                         "(drop verification= or pass do_sample=True).")
+    if not (0 <= threshold <= 1) or alpha < 0:
+        raise ValueError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
+                         f"(got {threshold}, {alpha}).")
+    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
+                  "(Medusa's typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
+    return AcceptRule("typical", float(threshold), float(alpha))
+
+
+@dataclass
+class Request:
+    """A validated call: the drafter, the draft-length cap, the acceptance rule and the target's cache."""
+
+    drafter: Drafter
+    num_draft_tokens: int
+    rule: AcceptRule
+    cache: object
+
+
+def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpus: bool, assistant,
+             num_draft_tokens, verification_mode: str, typical_threshold: float, typical_alpha: float) -> Request:
+    if assistant is None:
+        raise ValueError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
+    if model.config.is_encoder_decoder:
+        raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
+    if generation_config.num_beams != 1:
+        raise ValueError(f"Speculative decoding does not do beam search: set num_beams=1 (got {generation_config.num_beams}).")
+    if generation_config.num_return_sequences != 1:
+        raise ValueError(
+            "Speculative decoding returns one sequence per prompt: set num_return_sequences=1 "
+            f"(got {generation_config.num_return_sequences}); repeat the prompt in the batch instead."
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError("output_attentions / output_hidden_states are not supported with speculative decoding.")
+    unsupported = sorted(key for key, value in model_kwargs.items() if value is not None and key not in MODEL_KWARGS_HANDLED)
+    if unsupported:
+        raise ValueError(f"Speculative decoding does not support these generate() inputs: {unsupported}.")
+    if synced_gpus:
+        raise ValueError("synced_gpus is not supported with speculative decoding.")
+    drafter = as_drafter(assistant, target=model)
+    k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
+    target_vocab = model.config.get_text_config().vocab_size
+    drafter_vocab = drafter.vocab_size()
+    if drafter_vocab is not None and drafter_vocab != target_vocab:
+        raise ValueError(
+            f"The drafter's vocabulary ({drafter_vocab} tokens) differs from the target's ({target_vocab}): a drafter "
+            "must share the target's tokenizer. Use a drafter trained for this target (see training/distill.py), or "
+            "assistant='ngram'."
+        )
+    rule = accept_rule(verification_mode, generation_config, typical_threshold, typical_alpha)
+    cache = model_kwargs.get("cache")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    if cache.get_seq_length() != 0:
+        raise ValueError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
+    if not cache.is_croppable:
+        raise ValueError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
+    if input_ids.shape[0] > 1:
+        validate_batch(model, generation_config, cache)
+    return Request(drafter, k, rule, cache)
+
+
+def validate_batch(model, generation_config, cache) -> None:
+    """What batch > 1 needs beyond batch 1 (see the design note in cache/ragged.py)."""
+    if has_sliding_window(model.config):
+        raise ValueError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
+                         "cache holes would shift the window); decode one prompt at a time.")
+    if type(cache) is not DynamicCache:
+        raise ValueError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
+    if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
+        raise ValueError("output_scores / output_logits are supported for batch 1 only.")
+    if generation_config._pad_token_tensor is None:
+        raise ValueError("Batched generation needs a pad token: set pad_token_id.")
+
+
+__all__ = ["validate", "Request", "AcceptRule", "accept_rule", "MODEL_KWARGS_HANDLED"]
