@@ -100,35 +100,58 @@ class Verified:
             self.num_hidden = [self.num_hidden[b] for b in rows]
 
 
-def next_draft_token(drafter, scores, rows, tokens, drafting, first: bool):
-    """One autoregressive draft step shared by model drafters: the target's logits processors on each row's prefix
-    (its sequence plus the drafts so far), an early stop for rows whose top probability is below the drafter's
-    confidence threshold (decided from q before drawing, so sampling stays exact), then argmax or a draw from q.
-    `rows` are the rows' full sequences as the target's processors see them. Returns `(token [B], q [B, V] or None,
-    drafting [B])`; `drafting` all False means stop drafting."""
-    settings = drafter.settings
-    if settings.logits_processor:
-        scores = torch.cat([
-            settings.logits_processor(torch.cat([rows[b], *[t[b : b + 1] for t in tokens]])[None], scores[b : b + 1])
-            for b in range(len(rows))
-        ])
-    threshold = settings.confidence_threshold
-    may_stop = not first and threshold is not None  # the first draft is always proposed
-    q = scores.softmax(dim=-1) if settings.do_sample or may_stop else None
-    if may_stop:
-        drafting = drafting & (q.max(dim=-1).values >= threshold)
-    token = torch.multinomial(q, 1).squeeze(1) if settings.do_sample else scores.argmax(dim=-1)
-    return token, q if settings.do_sample else None, drafting
+class Drafting:
+    """An autoregressive drafter's step-by-step state, shared by the model drafters.
 
+    Each `step(scores)` applies the target's logits processors on each row's prefix (its sequence plus the drafts so
+    far), stops the rows whose top probability is below the confidence threshold (decided from q before drawing, so
+    sampling stays exact; the first draft is always proposed), then takes the argmax or a draw from q. Which rows go on
+    is read on the host only when a threshold is set (one look per drafted token).
+    """
 
-def assemble(tokens: list[torch.Tensor], probs: list[torch.Tensor], num_valid: torch.Tensor, stopped_early: bool,
-             batch: int, device) -> Draft:
-    """The Draft of an autoregressive drafter: its tokens (and q) step by step, and how many each row proposed."""
-    if not tokens:
-        return Draft.empty(batch, device)
-    draft_tokens = torch.stack(tokens, dim=1)
-    counts = None if num_valid is None else num_valid.tolist()
-    return Draft(draft_tokens, torch.stack(probs, dim=1) if probs else None, counts, stopped_early=stopped_early)
+    def __init__(self, settings: DraftSettings, rows: list[torch.Tensor], device):
+        self.settings, self.rows = settings, rows  # rows: the sequences as the target's processors see them
+        self.stops = settings.confidence_threshold is not None
+        self.drafting = torch.ones(len(rows), dtype=torch.bool, device=device)
+        self.still = torch.ones(len(rows), dtype=torch.bool)  # host copy of `drafting`
+        self.counts = torch.zeros(len(rows), dtype=torch.long)
+        self.tokens: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self.stopped_early = False
+        self.device = device
+
+    def step(self, scores: torch.Tensor) -> bool:
+        """Choose each row's next draft from its `scores` [B, V]; False when every row has stopped."""
+        settings = self.settings
+        if settings.logits_processor:
+            scores = torch.cat([
+                settings.logits_processor(torch.cat([row, *[t[b : b + 1] for t in self.tokens]])[None], scores[b : b + 1])
+                for b, row in enumerate(self.rows)
+            ])
+        may_stop = self.stops and bool(self.tokens)
+        q = scores.softmax(dim=-1) if settings.do_sample or may_stop else None
+        if may_stop:
+            self.drafting = self.drafting & (q.max(dim=-1).values >= settings.confidence_threshold)
+            self.still = self.drafting.cpu()
+            if not self.still.any():
+                self.stopped_early = True
+                return False
+        self.tokens.append(torch.multinomial(q, 1).squeeze(1) if settings.do_sample else scores.argmax(dim=-1))
+        if settings.do_sample:
+            self.probs.append(q)
+        self.counts += self.still.long()
+        return True
+
+    @property
+    def token(self) -> torch.Tensor:
+        return self.tokens[-1]
+
+    def draft(self) -> Draft:
+        if not self.tokens:
+            return Draft.empty(len(self.rows), self.device)
+        probs = torch.stack(self.probs, dim=1) if self.probs else None
+        return Draft(torch.stack(self.tokens, dim=1), probs, self.counts.tolist() if self.stops else None,
+                     stopped_early=self.stopped_early)
 
 
 def check_device(module, target, what: str = "drafter") -> None:

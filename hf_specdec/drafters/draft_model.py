@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..cache.ragged import RaggedKV
-from .base import Draft, Drafter, assemble, check_device, next_draft_token
+from .base import Drafter, Drafting, check_device
 
 
 class DraftModelDrafter(Drafter):
@@ -62,26 +62,14 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def propose(self, seqs, max_tokens):
         block, valid, last = self._catch_up(seqs)
-        batch, rows = seqs.size, [seqs.full(b) for b in range(seqs.size)]
-        everyone = torch.arange(batch, device=block.device)
-        stops = self.settings.confidence_threshold is not None
-        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
-        counts = torch.zeros(batch, dtype=torch.long) if stops else None
-        tokens, probs, stopped_early = [], [], False
+        everyone = torch.arange(seqs.size, device=block.device)
+        drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], block.device)
         for i in range(max_tokens):
             logits = self.kv.forward(block, block.shape[1], valid=valid)
-            token, q, drafting = next_draft_token(self, logits[everyone, last], rows, tokens, drafting, i == 0)
-            if stops:  # which rows go on is decided on the device: one look per drafted token
-                still = drafting.cpu()
-                if not still.any():
-                    stopped_early = True
-                    break
-                counts += still.long()
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
+            if not drafting.step(logits[everyone, last]):
+                break
             if i + 1 < max_tokens:  # the last draft is fed next step, if it is accepted
-                block, valid, last = token[:, None], (still if stops else torch.ones(batch, dtype=torch.bool))[:, None], last * 0
-        fed = counts.tolist() if stops else [len(tokens)] * batch
-        self.fed_drafts = [min(n, max_tokens - 1) for n in fed]
-        return assemble(tokens, probs, counts if stops else None, stopped_early, batch, block.device)
+                block, valid, last = drafting.token[:, None], drafting.still[:, None], last * 0
+        draft = drafting.draft()
+        self.fed_drafts = [min(n, max_tokens - 1) for n in draft.depth_by_row()]
+        return draft

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from ..cache.hidden import final_norm
 from ..cache.ragged import RaggedKV
 from ..models.spec_drafter import SpecDrafterForCausalLM
-from .base import Draft, Drafter, assemble, check_device, next_draft_token
+from .base import Draft, Drafter, Drafting, check_device
 from .features import TargetFeatures
 
 
@@ -79,29 +79,18 @@ class EagleDrafter(Drafter):
         everyone = torch.arange(batch, device=block.device)
 
         # 2. Draft ahead, feeding back the drafter's own hidden state as the feature.
-        rows = [seqs.full(b) for b in range(batch)]
-        stops = self.settings.confidence_threshold is not None
-        drafting = torch.ones(batch, dtype=torch.bool, device=block.device)
-        still = torch.ones(batch, dtype=torch.bool)
-        counts = torch.zeros(batch, dtype=torch.long) if stops else None
-        tokens, probs, own_slots, stopped_early = [], [], [0] * batch, False
+        drafting = Drafting(self.settings, [seqs.full(b) for b in range(batch)], block.device)
+        own_slots = [0] * batch
         for i in range(max_tokens):
-            token, q, drafting = next_draft_token(self, logits[everyone, last], rows, tokens, drafting, i == 0)
-            if stops:
-                still = drafting.cpu()
-                if not still.any():
-                    stopped_early = True
-                    break
-                counts += still.long()
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
+            if not drafting.step(logits[everyone, last]):
+                break
             if i + 1 < max_tokens:
                 feature = hidden[everyone, last][:, None]
-                logits = self.kv.forward(token[:, None], 1, valid=still[:, None], target_features=feature)
+                logits = self.kv.forward(drafting.token[:, None], 1, valid=drafting.still[:, None],
+                                         target_features=feature)
                 hidden = self.kv.last_output.hidden_states[0]
                 last = last * 0
-                own_slots = [n + int(s) for n, s in zip(own_slots, still.tolist())]
+                own_slots = [n + int(s) for n, s in zip(own_slots, drafting.still.tolist())]
         # 3. Forget the positions fed with the drafter's own features; accepted ones are re-fed with the target's.
         self.kv.discard_last(own_slots)
-        return assemble(tokens, probs, counts if stops else None, stopped_early, batch, block.device)
+        return drafting.draft()

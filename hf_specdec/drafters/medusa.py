@@ -26,7 +26,7 @@ from ..cache.hidden import final_norm
 from ..cache.ragged import has_sliding_window
 from ..models.medusa import MedusaHeads
 from ..tree import Tree
-from .base import Draft, Drafter, assemble, check_device, next_draft_token
+from .base import Draft, Drafter, Drafting, check_device
 from .features import TargetFeatures
 
 
@@ -111,23 +111,11 @@ class MedusaDrafter(Drafter):
         logits = self.heads(last)[:, :k].float()  # [B, k, V]
         if self.tree is not None:
             return self._tree(logits, k)
-        rows = [seqs.full(b) for b in range(seqs.size)]
-        stops = self.settings.confidence_threshold is not None
-        drafting = torch.ones(seqs.size, dtype=torch.bool, device=logits.device)
-        counts = torch.zeros(seqs.size, dtype=torch.long) if stops else None
-        tokens, probs, stopped_early = [], [], False
+        drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
         for i in range(k):  # head i's token; rows stop at a head less confident than the threshold (adaptive length)
-            token, q, drafting = next_draft_token(self, logits[:, i], rows, tokens, drafting, i == 0)
-            if stops:
-                still = drafting.cpu()
-                if not still.any():
-                    stopped_early = True
-                    break
-                counts += still.long()
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-        return assemble(tokens, probs, counts if stops else None, stopped_early, seqs.size, logits.device)
+            if not drafting.step(logits[:, i]):
+                break
+        return drafting.draft()
 
     def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
         """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""

@@ -13,11 +13,11 @@ Supported targets: the decoder-only architectures listed in `SUPPORTED_MODEL_TYP
 for Llama/Mistral/Qwen2/Qwen3, in `transformer.h` for GPT-2).
 
 KV reuse (batch 1, Llama / Mistral / Qwen2 / Qwen3): the drafter runs layers 0..L-1 IN the target's own cache, and
-the verification forward then runs only layers L.. on the hidden states the drafter kept (plus layers 0..L-1 for the
-last draft, which the drafter proposed but never fed). Every token passes through each layer once, and rejected drafts
-are cropped from all layers together. The loop asks for this through `shares_target_cache` / `share_target_cache` /
-`verify`. GPT-2 (learned positions are added to the input embeddings, so the hidden states cannot re-enter the stack),
-sliding-window attention, padded prompts and batches > 1 (their rows advance unevenly) keep a separate draft cache.
+its `verify` hook then runs only layers L.. on the hidden states the drafter kept (plus layers 0..L-1 for the last
+draft, which the drafter proposed but never fed). Every token passes through each layer once, and rejected drafts
+are cropped from all layers together by the loop's roll-back. GPT-2 (learned positions are added to the input
+embeddings, so the hidden states cannot re-enter the stack), sliding-window attention, padded prompts and batches > 1
+(their rows advance unevenly) keep a separate draft cache.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from ..cache.ragged import has_sliding_window
 from ..cpu_matmul import small_m_linear
-from .base import Draft, Drafter, assemble, next_draft_token
+from .base import Drafter, Drafting
 from .draft_model import DraftModelDrafter
 
 # architectures whose layer-L hidden states can re-enter the stack as `inputs_embeds` (no scaling, RoPE positions)
@@ -181,24 +181,18 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         row = seqs.ids(0)[None]
         cached = self.shared.slots  # every layer holds these; layers 0..L-1 will also hold what is fed here
         block = row[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
-        fed, hidden, tokens, probs = 0, [], [], []
+        fed, hidden = 0, []
         head = self.target.get_output_embeddings()
-        drafting, stopped_early = torch.ones(1, dtype=torch.bool, device=row.device), False
+        drafting = Drafting(self.settings, [seqs.full(0)], row.device)
         for i in range(max_tokens):
             h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
             fed += block.shape[1]
             hidden.append(h)
-            token, q, drafting = next_draft_token(self, head(normed[:, -1]).float(), [seqs.full(0)], tokens, drafting,
-                                                  i == 0)
-            if self.settings.confidence_threshold is not None and not bool(drafting.any()):
-                stopped_early = True
+            if not drafting.step(head(normed[:, -1]).float()):
                 break
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-            block = token[:, None]
+            block = drafting.token[:, None]
         self.early_hidden = torch.cat(hidden, dim=1)
-        return assemble(tokens, probs, None, stopped_early, 1, row.device)
+        return drafting.draft()
 
     def verify(self, target, pending, pending_valid, draft):
         """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
