@@ -31,7 +31,8 @@ def export_drafter(drafter_path, target, out, format: str) -> Path:
         right = ", ".join(f"--format {name}" for name in kind.exporters)
         raise ValueError(f"{drafter_path} is {kind.description}: export it with {right}.")
     out = Path(out)
-    exporter(kind.exporters[format])(drafter, target, out, getattr(torch, drafter.config.save_dtype or "float32"))
+    dtype = getattr(torch, getattr(drafter.config, "save_dtype", None) or "float32")
+    exporter(kind.exporters[format])(drafter, target, out, dtype)
     for name in TOKENIZER_FILES:  # engines load the draft's tokenizer from its folder when given one
         if Path(drafter_path, name).is_file():
             shutil.copy2(Path(drafter_path, name), out / name)

@@ -63,7 +63,11 @@ class EarlyExitModel(nn.Module):
         self.layers_attr = layers_attr
         self.early_layers = list(getattr(base, layers_attr))[:num_layers]
         self.late_layers = list(getattr(base, layers_attr))[num_layers:]  # what verification runs after KV reuse
-        self.config = target.config
+        # its own cache (when it has one) holds these layers only: a cache layer that never runs would never fill
+        values = {**target.config.to_dict(), "num_hidden_layers": num_layers}
+        if values.get("layer_types") is not None:
+            values["layer_types"] = values["layer_types"][:num_layers]
+        self.config = target.config.__class__.from_dict(values)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,83 @@
+"""One vocabulary of assistant names for `generate(assistant=...)`, `AutoDrafter` and the command line; unknown names
+fail fast with the names the library knows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, speculative_generate
+from hf_specdec.auto_drafter import UnknownDrafterError
+from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter
+from tests.conftest import random_prompts, tiny_llama
+from tests.speculation import assert_speculated
+
+
+def test_model_free_names_need_no_download():
+    target = tiny_llama()
+    assert isinstance(as_drafter("ngram"), NgramDrafter)
+    assert isinstance(as_drafter("self"), SelfSpeculativeDrafter) and as_drafter("self:1").requested_layers == 1
+    layers = as_drafter("layers:1", target=target)
+    assert isinstance(layers, DraftModelDrafter) and layers.model.config.num_hidden_layers == 1
+    combined = as_drafter("ngram+self:1", target=target)
+    assert isinstance(combined, FallbackDrafter) and isinstance(combined.second, SelfSpeculativeDrafter)
+    assert isinstance(as_drafter("default", target=target), NgramDrafter)  # for any target but the default one
+
+
+@pytest.mark.parametrize("name", ["nonsense", "default-drafter", "medusa-please", "ngram+nonsense"])
+def test_an_unknown_name_fails_fast_and_lists_the_known_names(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = tiny_llama()
+    with pytest.raises(UnknownDrafterError, match="Known: 'ngram', 'self'.*'layers:N'.*distilled.*medusa:chain"):
+        as_drafter(name, target=target)
+    hf_specdec.enable(target)
+    try:  # through enable(): the same error, before generate() prepares anything
+        with pytest.raises(UnknownDrafterError, match="Known"):
+            target.generate(random_prompts(1)[0], assistant=name, max_new_tokens=3)
+    finally:
+        hf_specdec.disable(target)
+
+
+def test_a_hub_id_that_cannot_be_read_says_why_and_lists_the_names(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UnknownDrafterError, match=r"Could not read the drafter 'someone/missing' \(.+\)\. Known names"):
+        AutoDrafter.from_pretrained("someone/missing")
+
+
+def test_medusa_suffixes_are_for_medusa_heads_only():
+    with pytest.raises(UnknownDrafterError, match="only Medusa heads take a suffix"):
+        as_drafter("distilled:chain")
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return hf_specdec.load_default_target()
+
+
+@pytest.mark.slow
+def test_shipped_names_work_everywhere(smollm):
+    """`generate(assistant="distilled")` (enable), `custom_generate=` with a name, `AutoDrafter("distilled")` and the
+    Medusa variants all resolve to the shipped drafters, and the default name picks the fastest measured one."""
+    model, tokenizer = smollm
+    assert isinstance(AutoDrafter.from_pretrained("distilled", target=model), hf_specdec.SpecDrafterForCausalLM)
+    assert isinstance(as_drafter("medusa", target=model), MedusaDrafter)
+    assert as_drafter("medusa:chain", target=model).tree is None
+    assert as_drafter("medusa:12", target=model).tree[0].size == 12
+    default = as_drafter("default", target=model)
+    assert isinstance(default, FallbackDrafter) and isinstance(default.first, NgramDrafter)
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    plain = model.generate(**enc, max_new_tokens=24, do_sample=False)
+    hf_specdec.enable(model)
+    try:
+        for name in ("distilled", "medusa:chain", "ngram+distilled"):
+            stats = SpeculationStats()
+            out = model.generate(**enc, assistant=name, max_new_tokens=24, do_sample=False, speculation_stats=stats)
+            assert torch.equal(out, plain), name
+            assert_speculated(stats, what=name)
+    finally:
+        hf_specdec.disable(model)
+    out = model.generate(**enc, custom_generate=speculative_generate, assistant="distilled", max_new_tokens=24,
+                         do_sample=False)
+    assert torch.equal(out, plain)
