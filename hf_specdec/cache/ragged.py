@@ -12,7 +12,8 @@ Sliding-window attention counts slots, not positions, so holes would shift its w
 and chains only (the loop refuses the rest before any work).
 
 Bookkeeping is split so that no step reads the device to decide what to do: which slots each row holds is kept on the
-host (`cols`), the attention mask that mirrors it on the device (`slot_mask`).
+host (`cols`), the attention mask that mirrors it on the device (`slot_mask`). Validity masks come in as host tensors,
+read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in unnoticed).
 """
 
 from __future__ import annotations
@@ -68,18 +69,18 @@ class RaggedKV:
     def append_slots(self, valid: torch.Tensor) -> None:
         """Record new slots that something else wrote into the cache (a drafter running the target's own layers);
         `valid`: host bools [B, m]."""
-        self._append(valid.cpu())
+        self._append(valid)
 
     def _append(self, valid: torch.Tensor) -> None:
         start = self.slots
-        for cols, row in zip(self.cols, valid.tolist()):
+        for cols, row in zip(self.cols, valid.numpy().tolist()):  # a host tensor: .numpy() reads it without a sync
             cols.extend(start + j for j, real in enumerate(row) if real)
         self.slot_mask = torch.cat([self.slot_mask, valid.to(self.device, torch.long)], dim=1)
 
     def forward(self, ids: torch.Tensor, num_logits: int, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
         """Feed `ids` [B, m] (`valid`: a host bool [B, m] of the real tokens, None = all); return the last
         `num_logits` logits in float32."""
-        valid = torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid.cpu()
+        valid = torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid
         positions = self._positions(valid).to(self.device)
         self._append(valid)
         mask = self.slot_mask if self.has_holes else None
@@ -94,8 +95,7 @@ class RaggedKV:
         token, row i + 1 after node i."""
         batch, u = pending.shape
         size, device = tree.size, self.device
-        pending_valid = pending_valid.cpu()
-        valid = torch.ones(batch, size, dtype=torch.bool) if valid is None else valid.cpu()
+        valid = torch.ones(batch, size, dtype=torch.bool) if valid is None else valid
         root = torch.tensor([len(c) for c in self.cols])[:, None] + pending_valid.long().sum(dim=1, keepdim=True) - 1
         positions = self._positions(pending_valid, root + torch.tensor(tree.depth)[None]).to(device)
         past = self.slot_mask.bool()

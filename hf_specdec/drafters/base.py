@@ -150,7 +150,7 @@ class Drafting:
         if not self.tokens:
             return Draft.empty(len(self.rows), self.device)
         probs = torch.stack(self.probs, dim=1) if self.probs else None
-        return Draft(torch.stack(self.tokens, dim=1), probs, self.counts.tolist() if self.stops else None,
+        return Draft(torch.stack(self.tokens, dim=1), probs, self.counts.numpy().tolist() if self.stops else None,
                      stopped_early=self.stopped_early)
 
 
@@ -183,7 +183,7 @@ class Drafter:
         valid = draft.valid_mask()
         if tree.is_chain:
             nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
-            block_valid = torch.cat([pending_valid.cpu(), nodes], dim=1)
+            block_valid = torch.cat([pending_valid, nodes], dim=1)
             return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
         return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
 

@@ -90,7 +90,7 @@ class EagleDrafter(Drafter):
                                          target_features=feature)
                 hidden = self.kv.last_output.hidden_states[0]
                 last = last * 0
-                own_slots = [n + int(s) for n, s in zip(own_slots, drafting.still.tolist())]
+                own_slots = [n + int(s) for n, s in zip(own_slots, drafting.still.numpy().tolist())]
         # 3. Forget the positions fed with the drafter's own features; accepted ones are re-fed with the target's.
         self.kv.discard_last(own_slots)
         return drafting.draft()

@@ -145,7 +145,7 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         config = target.model.config
         # KV reuse: draft in the target's own cache (one row, no padding, positions the hidden states can re-enter)
         self.shared = target if (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES
-                                 and not has_sliding_window(config) and bool(seqs.prompt_mask.all())) else None
+                                 and not has_sliding_window(config) and bool(seqs.prompt_mask.numpy().all())) else None
         if self.shared is None:
             return super().start(target, seqs, settings)
         Drafter.start(self, target, seqs, settings)

@@ -44,14 +44,14 @@ def emit(run, step) -> None:
     num_emitted = []
     for b, tokens in enumerate(step.tokens):
         ids = step.ids[b, : len(tokens)]
-        stop = run.stopper.first_stop(seqs.full(b), ids, tokens, lambda j: step.scores[b : b + 1, step.score_rows[b, j]])
+        rows = [0] + [node + 1 for node in step.paths[b]]  # the score row each token was chosen from
+        stop = run.stopper.first_stop(seqs.full(b), ids, tokens, lambda j: step.scores[b : b + 1, rows[j]])
         n = len(tokens) if stop is None else stop + 1
         seqs.append(b, ids[:n], tokens[:n])
         num_emitted.append(n)
         if run.want_scores or run.want_logits:  # batch 1 only (validated): one entry per emitted token
-            rows = step.score_rows[b, :n]
-            run.scores_out += [step.scores[b : b + 1, r] for r in rows.tolist()] if run.want_scores else []
-            run.logits_out += [step.logits[b : b + 1, r] for r in rows.tolist()] if run.want_logits else []
+            run.scores_out += [step.scores[b : b + 1, r] for r in rows[:n]] if run.want_scores else []
+            run.logits_out += [step.logits[b : b + 1, r] for r in rows[:n]] if run.want_logits else []
         if run.streamer is not None:
             run.streamer.put(ids[:n][None].cpu())
         if stop is not None:

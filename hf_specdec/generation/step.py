@@ -17,8 +17,8 @@ class Step:
     """What a step produced, on the host where the loop needs it."""
 
     tokens: list[list[int]]  # per row: its accepted drafts, then the target's own token
+    paths: list[list[int]]  # per row: the accepted nodes
     ids: torch.Tensor  # [B, D + 1] the same tokens on the device (row b's first len(tokens[b]) are real)
-    score_rows: torch.Tensor  # [B, D + 1] which row of `scores` / `logits` each emitted token was chosen from
     scores: torch.Tensor  # [B, T + 1, V] after the logits processors
     logits: torch.Tensor  # [B, T + 1, V] raw
     draft: Draft
@@ -49,7 +49,6 @@ def speculative_step(run) -> Step:
         ids.scatter_(1, accepted.num_accepted[:, None], accepted.next_token[:, None])
     else:
         ids = accepted.next_token[:, None]
-    score_rows = torch.cat([torch.zeros_like(accepted.path[:, :1]), accepted.path + 1], dim=1)[:, : ids.shape[1]]
 
     # 4. The step's one transfer to the host; then keep the cache slots of each row's path (the rest become holes
     #    or are cropped) and hand feature drafters the hidden states of what was committed.
@@ -58,14 +57,14 @@ def speculative_step(run) -> Step:
     num_accepted = [row[0] for row in host]
     tokens = [row[1 : 2 + n] for row, n in zip(host, num_accepted)]
     paths = [row[1 + width : 1 + width + n] for row, n in zip(host, num_accepted)]
-    pending = [[j for j, real in enumerate(row) if real] for row in run.pending_valid.tolist()]
+    pending = [[j for j, real in enumerate(row) if real] for row in run.pending_valid.numpy().tolist()]  # host
     u = len(run.pending_valid[0])
     kept = [p + [u + node for node in path] for p, path in zip(pending, paths)]
     verified = Verified(num_accepted)
     if target.last_hidden is not None:
         verified.hidden, verified.num_hidden = committed_hidden(target.last_hidden, kept)
     target.keep(u + draft.num_tokens, kept)
-    return Step(tokens, ids, score_rows, scores, logits, draft, num_accepted, verified, drafted - start,
+    return Step(tokens, paths, ids, scores, logits, draft, num_accepted, verified, drafted - start,
                 time.perf_counter() - drafted)
 
 

@@ -1,0 +1,130 @@
+"""The speculative loop's own cost per step, against transformers' assisted loop with the same drafter.
+
+A tiny random Llama target (its forward takes well under a millisecond) drafts with a copy of itself, so every draft
+is accepted: what a step costs beyond the forwards both loops make is bookkeeping. Steps are counted as target
+forwards (a hook on the target), so each loop is charged for the steps it really takes (transformers' assisted loop
+emits fewer tokens per step than k + 1 even when every draft is accepted). At batch 8 transformers' assisted loop does
+not run (it is batch 1 only), so the batch-8 row compares with plain batched greedy decoding. Also lists the host
+reads (syncs on a GPU) a step makes, by the line that makes them.
+
+    python benchmarks/loop_overhead.py --json benchmarks/results/loop_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.diagnostics import count_host_syncs
+
+
+def tiny_target(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1,
+                         eos_token_id=None, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def timed(fns: dict, repeats: int) -> dict:
+    """Median seconds of each function, the functions interleaved call by call (machine noise hits all alike)."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def steps_of(target, fn) -> int:
+    """Target forwards one call makes (its prefill included)."""
+    count = [0]
+    hook = target.register_forward_pre_hook(lambda *args: count.__setitem__(0, count[0] + 1))
+    try:
+        fn()
+    finally:
+        hook.remove()
+    return count[0]
+
+
+def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
+    target = tiny_target()
+    drafter = copy.deepcopy(target)  # agrees with the target on every token
+    prompt = torch.randint(2, 256, (batch, 16), generator=torch.Generator().manual_seed(batch))
+    common = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    ours = lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,  # noqa: E731
+                                   num_draft_tokens=k, **common)
+    stats = SpeculationStats()
+    target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
+                    speculation_stats=stats, **common)
+    assert stats.accepted_tokens == stats.drafted_tokens, stats.as_dict()
+    plain = lambda: target.generate(prompt, **common)  # noqa: E731
+    runs = {"ours": ours, "plain": plain}
+    if batch == 1:  # transformers' assisted decoding is batch 1 only
+        drafter.generation_config.num_assistant_tokens = k
+        drafter.generation_config.num_assistant_tokens_schedule = "constant"
+        drafter.generation_config.assistant_confidence_threshold = 0.0
+        runs["theirs"] = lambda: target.generate(prompt, assistant_model=drafter, **common)
+    steps = {name: steps_of(target, fn) for name, fn in runs.items()}
+    seconds = timed(runs, repeats)
+    row = {"batch": batch, "k": k, "new_tokens": new_tokens, "hf_specdec_steps": steps["ours"],
+           "hf_specdec_ms_per_step": 1000 * seconds["ours"] / steps["ours"],
+           "hf_specdec_ms_per_token": 1000 * seconds["ours"] / new_tokens,
+           "plain_ms_per_token_step": 1000 * seconds["plain"] / new_tokens}
+    if "theirs" in runs:
+        row.update(transformers_steps=steps["theirs"],
+                   transformers_assisted_ms_per_step=1000 * seconds["theirs"] / steps["theirs"],
+                   transformers_assisted_ms_per_token=1000 * seconds["theirs"] / new_tokens)
+        row["ratio_per_step"] = row["hf_specdec_ms_per_step"] / row["transformers_assisted_ms_per_step"]
+    with count_host_syncs(where=True) as syncs:
+        ours()
+    row["host_reads_per_step"] = syncs.total / steps["ours"]
+    row["host_reads_by_line"] = {place: n / steps["ours"] for place, n in syncs.by_place.most_common()}
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=250)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [measure(int(b), args.k, args.new_tokens, args.repeats) for b in args.batch_sizes.split(",")]
+    print("| batch | hf_specdec: steps, ms per step, ms per token | transformers assisted: steps, ms per step, "
+          "ms per token | per-step ratio | plain ms per token step | host reads per step |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ours = f"{r['hf_specdec_steps']}, {r['hf_specdec_ms_per_step']:.2f}, {r['hf_specdec_ms_per_token']:.2f}"
+        theirs = ("n/a (batch 1 only)" if "transformers_steps" not in r else
+                  f"{r['transformers_steps']}, {r['transformers_assisted_ms_per_step']:.2f}, "
+                  f"{r['transformers_assisted_ms_per_token']:.2f}")
+        ratio = f"{r['ratio_per_step']:.2f}" if "ratio_per_step" in r else "n/a"
+        print(f"| {r['batch']} | {ours} | {theirs} | {ratio} | {r['plain_ms_per_token_step']:.2f} "
+              f"| {r['host_reads_per_step']:.1f} |")
+    for r in rows:
+        print(f"\nhost reads per step at batch {r['batch']}:")
+        for place, n in r["host_reads_by_line"].items():
+            print(f"  {n:5.2f}  {place}")
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
