@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -27,15 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "training" / "distill.py"
 
 
-def load_distill():
-    spec = importlib.util.spec_from_file_location("distill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["distill"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-distill = load_distill()
+from training import distill  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
