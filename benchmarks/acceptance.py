@@ -16,11 +16,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-
-import hf_specdec  # noqa: E402
-from hf_specdec.bench import encode_prompt, read_prompts, resolve_assistant  # noqa: E402
-from distill import Args, load_target  # noqa: E402  (the same deployed target as training and its evaluation)
+import hf_specdec
+from hf_specdec.bench import encode_prompt, read_prompts
+from hf_specdec.default_model import load_target  # the same deployed target as training and its evaluation
 
 
 def main(argv=None) -> dict:
@@ -36,11 +34,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(Args(target_quantization=args.target_quantization), torch.device("cpu"))
+    target, tokenizer = load_target("default", args.target_quantization)
     prompts = read_prompts(args.prompts, args.num_prompts)
     rows = []
     for spec in args.drafters:
-        assistant = resolve_assistant(spec, target)  # shipped names, folders of any drafter kind (AutoDrafter), ngram...
+        assistant = hf_specdec.as_drafter(spec, target=target)  # any assistant name, folder or Hub id
         stats = hf_specdec.SpeculationStats()
         for prompt in tqdm(prompts, desc=spec, unit="prompt"):
             enc = encode_prompt(tokenizer, prompt, target.device)

@@ -1,6 +1,7 @@
 """The one vocabulary of assistants, shared by `generate(assistant=...)`, `AutoDrafter` and the `hf-specdec` command.
 
     "ngram"                   n-gram lookup over the prompt and the output so far (no model)
+    "recycle"                 token recycling: a tree from the target's own recent top-k successors (no model)
     "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
     "layers:N"                an untrained draft model cut from the target's first N layers (a baseline)
     "distilled", "medusa"     a drafter shipped for the default target (hf_specdec/shipped_drafters/)
@@ -27,6 +28,7 @@ from .drafters.fallback import FallbackDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.per_row import PerRowDrafter
+from .drafters.recycle import RecycleDrafter
 from .drafters.self_speculative import SelfSpeculativeDrafter
 from .kinds import kind_of
 from .models.medusa import MedusaHeads
@@ -68,6 +70,8 @@ def resolve(spec: str, target=None) -> Drafter:
         return FallbackDrafter(resolve(first, target), resolve(second, target))
     if spec == "ngram":
         return NgramDrafter()
+    if spec == "recycle":
+        return RecycleDrafter()
     name, _, variant = spec.partition(":")
     if name == "self" and (not variant or variant.isdigit()):
         return SelfSpeculativeDrafter(int(variant) if variant else None)

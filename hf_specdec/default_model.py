@@ -82,12 +82,50 @@ def is_default_target(model) -> bool:
     return DEFAULT_TARGET_NAME in str(getattr(model.config, "_name_or_path", "") or "")
 
 
-def resolve_target(name_or_path: str | None, **kwargs):
-    """`None`/`"default"` -> the embedded SmolLM2; anything else -> `from_pretrained(name_or_path)`."""
-    # The Hub id is what drafter configs record; the Hub is not needed for it.
-    if name_or_path in (None, "", "default", "HuggingFaceTB/SmolLM2-135M-Instruct"):
-        return load_default_target(**kwargs)
+#: names of the embedded target (the Hub id is what drafter configs record; the Hub is not needed for it)
+DEFAULT_NAMES = (None, "", "default", f"HuggingFaceTB/{DEFAULT_TARGET_NAME}")
+
+
+def quantization_config(kind: str):
+    """bitsandbytes settings of a deployed target: 'none', '8bit' or '4bit' (NF4, fp32 compute)."""
+    if kind in (None, "none"):
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if kind == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    raise ValueError(f"quantization must be 'none', '8bit' or '4bit', got {kind!r}.")
+
+
+def load_target(name_or_path: str | None = "default", quantization: str = "none", dtype=None, device=None,
+                device_map=None):
+    """`(model, tokenizer)` of a target as deployed: the embedded SmolLM2 ('default') or a folder / Hub id, in
+    `dtype` (default float32) on `device` (or spread by `device_map`, e.g. "auto"), or quantized by bitsandbytes
+    ('8bit' / '4bit': its embeddings and LM head stay in floating point). The tokenizer always has a pad token."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
-    return model.eval(), AutoTokenizer.from_pretrained(name_or_path)
+    if name_or_path in DEFAULT_NAMES:
+        load_default_target()  # writes the safetensors copy on first use
+        name_or_path = str(default_target_folder())
+    quant = quantization_config(quantization)
+    kwargs = {"dtype": dtype or torch.float32}
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map=device_map or {"": torch.device(device or "cpu")})
+    elif device_map is not None:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs).eval()
+    if quant is None and device_map is None and device is not None:
+        model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def resolve_target(name_or_path: str | None, **kwargs):
+    """`None`/`"default"` -> the embedded SmolLM2; anything else -> `from_pretrained(name_or_path)` (see `load_target`)."""
+    return load_target(name_or_path, **kwargs)

@@ -138,35 +138,14 @@ def parse_args(argv=None) -> Args:
 # ----------------------------------------------------------------------------------------------------------------------
 # 2. Target and drafter
 # ----------------------------------------------------------------------------------------------------------------------
-def quantization_config(kind: str):
-    if kind == "none":
-        return None
-    from transformers import BitsAndBytesConfig
-
-    if kind == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-
-
 def target_folder(args: Args) -> str:
     return str(default_target_folder()) if args.target in ("", "default") else args.target
 
 
 def load_target(args: Args, device: torch.device):
     """The target exactly as it will be deployed: fp32, or bitsandbytes 8/4-bit (embeddings and LM head stay fp32)."""
-    if args.target in ("", "default"):
-        load_default_target()  # writes the safetensors copy on first use
-    folder = target_folder(args)
-    quant = quantization_config(args.target_quantization)
-    kwargs = {"quantization_config": quant, "device_map": {"": device}} if quant else {}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
-    if not quant:
-        model.to(device)
-    model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    model, tokenizer = hf_specdec.default_model.load_target(args.target, args.target_quantization, device=device)
+    return model.requires_grad_(False), tokenizer
 
 
 def target_id(args: Args) -> str:

@@ -8,6 +8,7 @@ from .fallback import FallbackDrafter
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
 from .per_row import PerRowDrafter
+from .recycle import RecycleDrafter
 from .self_speculative import SelfSpeculativeDrafter
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "MedusaDrafter",
     "FallbackDrafter",
     "PerRowDrafter",
+    "RecycleDrafter",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
 ]

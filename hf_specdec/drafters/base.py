@@ -91,13 +91,19 @@ class Verified:
     hidden: torch.Tensor | None = None  # [B, m, H] the captured hidden states of each row's newly committed tokens
     #   but the newest (its pending tokens, then its accepted drafts), left-aligned; None when nothing was captured
     num_hidden: list[int] | None = None  # per row, how many of `hidden`'s rows are real
+    scores: torch.Tensor | None = None  # [B, T + 1, V] the target's processed scores of the step (see `read_tokens`)
+    read_tokens: torch.Tensor | None = None  # [B, T + 1] the token each row of `scores` was predicted after: the
+    #   row's last pending token, then each draft node (a rejected node's prediction is still the target's)
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (finished rows left the batch)."""
         self.num_accepted = [self.num_accepted[b] for b in rows]
+        index = torch.tensor(rows, device=self.scores.device if self.scores is not None else "cpu")
         if self.hidden is not None:
-            self.hidden = self.hidden[torch.tensor(rows, device=self.hidden.device)]
+            self.hidden = self.hidden[index.to(self.hidden.device)]
             self.num_hidden = [self.num_hidden[b] for b in rows]
+        if self.scores is not None:
+            self.scores, self.read_tokens = self.scores[index], self.read_tokens[index]
 
 
 class Drafting:

@@ -60,7 +60,7 @@ def speculative_step(run) -> Step:
     pending = [[j for j, real in enumerate(row) if real] for row in run.pending_valid.numpy().tolist()]  # host
     u = len(run.pending_valid[0])
     kept = [p + [u + node for node in path] for p, path in zip(pending, paths)]
-    verified = Verified(num_accepted)
+    verified = Verified(num_accepted, scores=scores, read_tokens=torch.cat([run.pending[:, -1:], draft.tokens], dim=1))
     if target.last_hidden is not None:
         verified.hidden, verified.num_hidden = committed_hidden(target.last_hidden, kept)
     target.keep(u + draft.num_tokens, kept)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7: adaptive draft length against each constant length, per drafter, on the dev prompts (128 new tokens,
+# Adaptive draft length against each constant length, per drafter, on the dev prompts (128 new tokens,
 # greedy). Each command interleaves plain, each constant k and adaptive (capped at the largest k) prompt by prompt,
 # starting each prompt at a different method, and prints adaptive's speed against the fastest constant with a 95%
 # interval over prompts. 60 prompts where adaptive and the best constant are close, 30 for self-speculation (not

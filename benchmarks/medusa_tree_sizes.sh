@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 5: the shipped Medusa heads as a chain and as trees of 7 (the default) and 63 nodes built from their
+# The shipped Medusa heads as a chain and as trees of 7 (the default) and 63 nodes built from their
 # measured accuracy, in ONE interleaved run against plain decoding (first 12 dev prompts, 128 new tokens, greedy, fp32
 # default target). Run on a quiet machine.
 set -x
