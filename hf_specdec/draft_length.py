@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 class StepOutcome:
     """What a step did, as the loop reports it to the policy after each step."""
 
-    num_drafted: int  # the draft's depth (a chain: its length)
-    num_tried: int  # positions tried: the drafts, plus one when the drafter stopped on low confidence (a miss)
+    num_drafted: int  # draft tokens verified (a chain: its length; a tree: its nodes)
+    num_tried: int  # chain positions tried: the drafts, plus one when the drafter stopped on low confidence (a miss)
     num_accepted: int  # drafts accepted (the fewest over the batch's rows)
     draft_seconds: float  # drafting time
     step_seconds: float  # the whole step: drafting, the verification forward, acceptance and roll-back
+    tree_paths: list[list[int]] | None = None  # a tree step: each row's accepted nodes (None: a chain step)
 
 
 class DraftLengthPolicy:
@@ -79,6 +80,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     verify_seconds: dict[int, float] = field(default_factory=dict)  # tokens in the verification forward -> seconds
     draft_seconds_per_token: float | None = None
     steps: int = 0
+    # trees: decayed counts per node (the tree's node order, likeliest first) of being verified and accepted, and
+    # whether the last step was a tree (a tree drafter's budget is its number of nodes)
+    node_verified: list = field(default_factory=list)
+    node_accepted: list = field(default_factory=list)
+    trees: bool = False
 
     def start(self, cap: int) -> None:
         self.cap = cap
@@ -90,7 +96,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self.cap  # nothing measured yet: learn acceptance first
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
-        expected = self.expected_tokens()
+        expected = self.expected_tree_tokens() if self.trees else self.expected_tokens()
         rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
         best = max(range(1, self.cap + 1), key=rate.__getitem__)
         # A plain step only when clearly better: it is not as cheap as it looks, since a drafter with a cache of its
@@ -106,9 +112,35 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return best
 
     def update(self, outcome: StepOutcome) -> None:
-        self.record_acceptance(outcome.num_tried, outcome.num_accepted)
+        self.trees = outcome.tree_paths is not None
+        if self.trees:
+            self.record_tree(outcome.num_drafted, outcome.tree_paths)
+        else:
+            self.record_acceptance(outcome.num_tried, outcome.num_accepted)
         self.record_costs(outcome.num_drafted, outcome.draft_seconds, outcome.step_seconds - outcome.draft_seconds,
                           num_tried=outcome.num_tried)
+
+    def record_tree(self, size: int, paths: list[list[int]]) -> None:
+        """A tree step of `size` nodes and each row's accepted nodes: how often each node is on the accepted path."""
+        grow = size - len(self.node_verified)
+        self.node_verified += [0.0] * grow
+        self.node_accepted += [0.0] * grow
+        for path in paths:
+            on_path = set(path)
+            for i in range(size):
+                self.node_verified[i] = self.decay * self.node_verified[i] + 1
+                self.node_accepted[i] = self.decay * self.node_accepted[i] + (i in on_path)
+
+    def expected_tree_tokens(self) -> list[float]:
+        """E(n) for n = 0..cap nodes: 1 + the chance of each of the first n nodes to be on the accepted path (a node
+        seldom verified borrows from half its parent-in-order's estimate, an optimistic guess a wider tree will test)."""
+        expected, previous = [1.0], 0.5
+        for i in range(self.cap):
+            seen, hits = (self.node_verified[i], self.node_accepted[i]) if i < len(self.node_verified) else (0.0, 0.0)
+            p = (hits + previous) / (seen + 1)
+            expected.append(expected[-1] + p)
+            previous = 0.5 * p
+        return expected
 
     def record_acceptance(self, num_drafted: int, num_accepted: int) -> None:
         """The positions a step tried (its drafts, plus one when the drafter stopped on low confidence, which counts

@@ -16,15 +16,17 @@ from tests.test_batch import PAD, left_pad
 
 PROMPTS16 = random_prompts(10, vocab=16, seed=6)
 SAMPLING_PROMPT = torch.tensor([[1, 5, 7, 2]])
-SAMPLING = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: depth-2 drafts get verified
+# 6 tokens: after the first (plain: no hidden states yet), a step may still verify 4 nodes, so depth-2 siblings
+SAMPLING = dict(do_sample=True, max_new_tokens=6, temperature=0.8, top_k=3)
 
 
-def sampling_pvalue(target, drafter, stats, samples=20_000, **extra):
-    """Chi-square of batched samples against the exact distribution of SAMPLING on SAMPLING_PROMPT."""
+def sampling_pvalue(target, drafter, stats, samples=20_000, num_draft_tokens=2, **extra):
+    """Chi-square of batched samples against the exact distribution of SAMPLING on SAMPLING_PROMPT (a tree drafter:
+    `num_draft_tokens=None`, its whole tree)."""
     prompt = SAMPLING_PROMPT
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **SAMPLING), 4)
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **SAMPLING), 6)
     drawn = sample_in_batches(target, prompt, samples, custom_generate=speculative_generate, assistant=drafter,
-                              num_draft_tokens=2, speculation_stats=stats, **SAMPLING, **extra)
+                              num_draft_tokens=num_draft_tokens, speculation_stats=stats, **SAMPLING, **extra)
     return chi_square_pvalue(drawn, exact)
 
 
@@ -179,7 +181,7 @@ def test_medusa_tree_greedy_identical(make_target, one_thread):
         stats = SpeculationStats()
         for prompt in PROMPTS16[:6]:
             expected = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.2)
-            for k in (2, 4):
+            for k in (4, None):  # the first 4 nodes, the whole tree
                 out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
                                       max_new_tokens=20, do_sample=False, repetition_penalty=1.2, speculation_stats=stats)
                 assert torch.equal(out, expected), name
@@ -200,14 +202,14 @@ def test_medusa_tree_in_batches_with_eos(one_thread):
     assert_speculated(stats, depth=2, rows=2, uneven=True)
 
 
-SIBLING_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # siblings at depth 1 and at depth 2
+SIBLING_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [2]]  # siblings at depth 1 and, within the first 4 nodes, depth 2
 
 
 def test_medusa_tree_sampling_matches_target(sampling_target, one_thread):
     """Recursive rejection over siblings, at depth 1 and depth 2."""
     target, heads = sampling_target
     stats = SpeculationStats()
-    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), stats) > 1e-3
+    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), stats, num_draft_tokens=None) > 1e-3
     assert_speculated(stats, depth=2, row_groups=1, uneven=True)
 
 
@@ -246,7 +248,7 @@ def test_medusa_tree_sampling_negative_control_at_depth_two(sampling_target, one
 
     target, heads = sampling_target
     monkeypatch.setattr(rules, "rejection_sample", wrong_below_the_root)
-    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), SpeculationStats()) < 1e-6
+    assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), SpeculationStats(), num_draft_tokens=None) < 1e-6
 
 
 def test_best_tree_takes_the_most_likely_nodes():
@@ -297,7 +299,7 @@ def test_typical_acceptance_is_opt_in_lossy_and_checked(sampling_target, one_thr
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             p = sampling_pvalue(target, MedusaDrafter(heads, tree=tree), stats, samples=5000, verification="typical",
-                                typical_threshold=1.0, typical_alpha=100.0)
+                                typical_threshold=1.0, typical_alpha=100.0, num_draft_tokens=2 if tree == "chain" else None)
         assert p > 1e-3, tree
         assert stats.drafted_by_position[:2] > [0, 0] and stats.accepted_tokens == 0, stats.as_dict()
 
@@ -313,7 +315,7 @@ def test_typical_acceptance_accepts_and_is_lossy(sampling_target, tree, one_thre
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         p = sampling_pvalue(target, MedusaDrafter(heads, tree=tree), stats, samples=5000, verification="typical",
-                            typical_threshold=0.0, typical_alpha=0.0)
+                            typical_threshold=0.0, typical_alpha=0.0, num_draft_tokens=2 if tree == "chain" else None)
     assert p < 1e-6
     assert_speculated(stats, depth=2)
 

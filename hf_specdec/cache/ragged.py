@@ -19,6 +19,7 @@ read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in un
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from ..cpu_matmul import small_m_linear
 from ..tree import Tree
@@ -131,7 +132,10 @@ class RaggedKV:
 
     def keep(self, num_new: int, kept: list[list[int]]) -> None:
         """Of the last `num_new` slots, row b keeps the offsets `kept[b]` (its accepted path); the rest become holes
-        and the trailing slots no row keeps are cropped."""
+        and the trailing slots no row keeps are cropped. Kept slots that are not already the block's first ones (a
+        tree's path) are first moved to the front of the block, where the cache allows it, so that no hole stays."""
+        if any(offsets != list(range(len(offsets))) for offsets in kept) and self._compact(num_new, kept):
+            kept = [list(range(len(offsets))) for offsets in kept]
         start = self.slots - num_new
         mask = torch.zeros(len(self.cols), num_new, dtype=torch.long)
         for b, offsets in enumerate(kept):
@@ -143,6 +147,22 @@ class RaggedKV:
         if num_new:
             self.slot_mask = torch.cat([self.slot_mask[:, :start], mask.to(self.device)], dim=1)
         self._crop_trailing()
+
+    def _compact(self, num_new: int, kept: list[list[int]]) -> bool:
+        """Move each row's kept slots of the last `num_new` to the front of that block, in every layer of a dynamic
+        cache (keys already carry their positions, so slot order is all attention needs). False: not possible here."""
+        layers = getattr(self.cache, "layers", [])
+        if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+            return False
+        order = torch.tensor([offsets + [j for j in range(num_new) if j not in offsets] for offsets in kept],
+                             device=self.device)
+        for layer in layers:
+            for name in ("keys", "values"):
+                states = getattr(layer, name)
+                block = states[:, :, -num_new:]
+                index = order[:, None, :, None].expand(-1, block.shape[1], -1, block.shape[3])
+                states[:, :, -num_new:] = block.gather(2, index)
+        return True
 
     def discard_last(self, counts: list[int]) -> None:
         """Turn each row's last `counts[b]` real slots into holes (rejected drafts), then crop trailing holes."""

@@ -54,8 +54,13 @@ def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
 
 
 def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
-    """Paths of ranks -> (the Tree, the paths ordered parents-first). Every path's prefix must be in the tree."""
-    ordered = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    """Paths of ranks -> (the Tree, the paths in verification order). Their order is kept when every path comes after
+    its parent (`best_tree`'s is likeliest first, so cutting the tree to its first n nodes keeps the likeliest);
+    otherwise they are sorted breadth first. Every path's prefix must be in the tree."""
+    unique = list(dict.fromkeys(tuple(p) for p in paths))
+    position = {p: i for i, p in enumerate(unique)}
+    parents_first = all(len(p) == 1 or position.get(p[:-1], len(unique)) < position[p] for p in unique)
+    ordered = unique if parents_first else sorted(unique, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(ordered)}
     if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
         raise ValueError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
@@ -82,6 +87,8 @@ class MedusaDrafter(Drafter):
         self.tree = None if tree == "chain" else tree_parents(tree)
         if self.tree is not None and self.tree[0].max_depth > heads.config.num_heads:
             raise ValueError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
+        if self.tree is not None:  # a tree's budget is its nodes (what the verification forward's width costs)
+            self.default_num_draft_tokens = self.tree[0].size
 
     def vocab_size(self) -> int:
         return self.heads.config.vocab_size
@@ -103,24 +110,28 @@ class MedusaDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, seqs, max_tokens):
-        k = min(max_tokens, self.heads.config.num_heads)
+        """A chain of at most `max_tokens` heads' tokens, or the first `max_tokens` nodes of the tree."""
+        if self.tree is not None:
+            max_tokens = min(max_tokens, self.tree[0].size)
+            k = self.tree[0].prefix(max_tokens).max_depth  # the heads that tree needs
+        else:
+            k = min(max_tokens, self.heads.config.num_heads)
         if k <= 0 or not self.target_features.ready(seqs):
             return Draft.empty(seqs.size, self.heads.device)
         # the hidden state that chose each row's newest token
         last = torch.stack([f[n - 2] for f, n in zip(self.target_features.features, seqs.lengths())])  # [B, H]
         logits = self.heads(last)[:, :k].float()  # [B, k, V]
         if self.tree is not None:
-            return self._tree(logits, k)
+            return self._tree(logits, max_tokens)
         drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
         for i in range(k):  # head i's token; rows stop at a head less confident than the threshold (adaptive length)
             if not drafting.step(logits[:, i]):
                 break
         return drafting.draft()
 
-    def _tree(self, logits: torch.Tensor, max_depth: int) -> Draft:
-        """The static tree, cut at `max_depth`: node (r1..rd) is the r_d-th best token of head d."""
+    def _tree(self, logits: torch.Tensor, size: int) -> Draft:
+        """The static tree's first `size` nodes (a tree too): node (r1..rd) is the r_d-th best token of head d."""
         tree, paths = self.tree
-        size = sum(len(p) <= max_depth for p in paths)  # parents-first order: the kept nodes are a prefix
         tree, paths = tree.prefix(size), paths[:size]
         width = max(max(p) for p in paths) + 1
         top = logits.topk(width, dim=-1).indices  # [B, k, width]

@@ -21,10 +21,10 @@ import torch
 from .base import Draft, Drafter
 from ..tree import Tree
 
-#: ranks of the successors per node, breadth first, likeliest first: 4 first tokens, 3 successors of the best, 2 of the
-#: second, then deeper along the best ones. 15 nodes, depth 4.
-DEFAULT_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
-                (1, 0, 0), (0, 0, 0, 0))
+#: ranks of the successors per node, in the order to verify them (parents first, likeliest first: what a budget of n
+#: nodes keeps is the first n): the best chain deepest, then the runners-up at each depth. 15 nodes, depth 4.
+DEFAULT_TREE = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (2,), (1, 0), (0, 0, 0, 0), (0, 0, 1), (3,), (0, 1, 0), (1, 1),
+                (2, 0), (0, 2), (1, 0, 0))
 
 
 class RecycleDrafter(Drafter):

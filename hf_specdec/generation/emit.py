@@ -58,23 +58,19 @@ def emit(run, step) -> None:
             finished.append(b)
     run.stats.record_step(step.draft.depth_by_row(), step.num_accepted, num_emitted, seqs.index,
                           step.draft_seconds, step.target_seconds)
-    depth = step.draft.shape.max_depth
+    shape = step.draft.shape
     # a confidence stop is a miss at the next position: choosing a longer length bought nothing there
-    run.policy.update(StepOutcome(depth, depth + int(step.draft.stopped_early), min(step.num_accepted),
-                                  step.draft_seconds, step.draft_seconds + step.target_seconds))
+    run.policy.update(StepOutcome(shape.size, shape.max_depth + int(step.draft.stopped_early), min(step.num_accepted),
+                                  step.draft_seconds, step.draft_seconds + step.target_seconds,
+                                  None if shape.is_chain else step.paths))
+    run.drafter.accepted(seqs, step.verified)  # every row, finished ones too: what the target said still informs
     keep = [b for b in range(seqs.size) if b not in finished]
     for b in finished:
         run.finished[seqs.index[b]] = seqs.full(b)
     if finished and keep:  # finished rows leave the batch and stop costing work
         run.target.select_rows(keep)
         run.drafter.select_rows(keep)
-        step.verified.select(keep)
     seqs.select(keep)
     # the next step's uncached tokens: each row's newest token, the target's own pick
     run.pending = torch.stack([seqs.ids(b)[-1:] for b in range(seqs.size)]) if keep else None
     run.pending_valid = torch.ones(len(keep), 1, dtype=torch.bool)
-    if keep:
-        run.drafter.accepted(seqs, step.verified)
-
-
-__all__ = ["Stopper", "emit"]
