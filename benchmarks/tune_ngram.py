@@ -53,7 +53,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
     from transformers import DynamicCache
 
     from hf_specdec import load_default_target
-    from hf_specdec.cpu_matmul import small_m_linear
+    from hf_specdec.cpu_matmul import fast_linear
 
     model, _ = load_default_target()
     ids = torch.randint(100, 40000, (1, context + max_tokens))
@@ -64,7 +64,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            with small_m_linear(True):
+            with fast_linear(True):
                 model(
                     input_ids=ids[:, context : context + m], cache=cache, use_cache=True, logits_to_keep=m,
                     position_ids=torch.arange(context, context + m)[None],

@@ -2,6 +2,7 @@
 
     "ngram"                   n-gram lookup over the prompt and the output so far (no model)
     "recycle"                 token recycling: a tree from the target's own recent top-k successors (no model)
+    "none"                    no drafts: plain steps through hf_specdec's own loop (a baseline for measurements)
     "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
     "layers:N"                an untrained draft model cut from the target's first N layers (a baseline)
     "distilled", "medusa"     a drafter shipped for the default target (hf_specdec/shipped_drafters/)
@@ -28,6 +29,7 @@ from .drafters.fallback import FallbackDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.per_row import PerRowDrafter
+from .drafters.plain import PlainDrafter
 from .drafters.recycle import RecycleDrafter
 from .drafters.self_speculative import SelfSpeculativeDrafter
 from .kinds import kind_of
@@ -72,6 +74,8 @@ def resolve(spec: str, target=None) -> Drafter:
         return NgramDrafter()
     if spec == "recycle":
         return RecycleDrafter()
+    if spec == "none":
+        return PlainDrafter()
     name, _, variant = spec.partition(":")
     if name == "self" and (not variant or variant.isdigit()):
         return SelfSpeculativeDrafter(int(variant) if variant else None)

@@ -31,7 +31,7 @@ class UnknownDrafterError(ValueError):
 
 def known_names() -> str:
     shipped = ", ".join(shipped_drafter_names()) or "none"
-    return (f"'ngram', 'recycle', 'self' (or 'self:L'), 'layers:N', 'default', a shipped drafter ({shipped}; Medusa heads also as "
+    return (f"'ngram', 'recycle', 'none', 'self' (or 'self:L'), 'layers:N', 'default', a shipped drafter ({shipped}; Medusa heads also as "
             "'medusa:chain' or 'medusa:N'), 'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
 
 

@@ -9,6 +9,7 @@ are measured in the same process.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import statistics
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .drafters import DraftModelDrafter, NgramDrafter
+from .drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
 from .generation.loop import speculative_generate
 from .generation.stats import SpeculationStats
 
@@ -39,7 +40,9 @@ class MethodResult:
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
 
-    def as_dict(self, plain_tps: float, greedy: bool) -> dict:
+    def as_dict(self, plain: "MethodResult", greedy: bool) -> dict:
+        plain_tps = plain.tokens_per_second
+        ms_per_forward = 1000 * self.seconds / max(self.target_forwards, 1)
         return {
             "name": self.name,
             "tokens_per_second": self.tokens_per_second,
@@ -55,6 +58,9 @@ class MethodResult:
             "seconds": self.seconds,
             "target_forwards": self.target_forwards,
             "draft_seconds_per_step": (self.stats.draft_seconds / max(self.stats.target_forwards, 1)) if self.stats else None,
+            # speed-up = tokens per target forward / this: the share of the speed-up a cheaper (or dearer) step makes
+            "ms_per_target_forward": ms_per_forward,
+            "step_cost_vs_plain": ms_per_forward / (1000 * plain.seconds / max(plain.target_forwards, 1)),
             "prompt_seconds": self.prompt_seconds,
             "prompt_tokens": self.prompt_tokens,
         }
@@ -87,7 +93,7 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
     """Median target forward time for 1 and for k+1 new tokens on a `context`-token cache, as the loop runs them."""
     from transformers import DynamicCache
 
-    from .cpu_matmul import small_m_linear
+    from .cpu_matmul import fast_linear
 
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, context), device=target.device)
@@ -98,7 +104,7 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
             target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             new = torch.randint(0, vocab, (1, n), device=target.device)
             t0 = time.perf_counter()
-            with small_m_linear(target.device.type == "cpu"):
+            with fast_linear(target.device.type == "cpu"):
                 target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
             return time.perf_counter() - t0
 
@@ -170,8 +176,9 @@ def run_bench(
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
-    # transformers' assisted decoding is batch size 1 only
-    builtin = builtin_kwargs(drafters[0][1], cap) if batch_size == 1 and len(lengths) == 1 and len(drafters) == 1 else None
+    # transformers' own equivalent of the first drafter that has one (its assisted decoding is batch size 1 only)
+    equivalents = [builtin_kwargs(d, cap) for _, d in drafters] if batch_size == 1 and len(lengths) == 1 else []
+    builtin = next((kwargs for kwargs in equivalents if kwargs is not None), None)
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
@@ -181,19 +188,23 @@ def run_bench(
         if builtin is not None:
             runs.append(("transformers " + next(iter(builtin)), builtin))
         stats = {}
-        for drafter_name, drafter in drafters:
+        # plain steps through hf_specdec's own loop and forward path: what the loop costs or saves apart from drafting
+        for drafter_name, drafter in [("none", PlainDrafter()), *drafters]:
             prefix = "hf_specdec" if len(drafters) == 1 else f"hf_specdec {drafter_name}"
             methods = [(prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
             if adaptive:
                 methods.append((f"{prefix} adaptive" if len(lengths) == 1 else f"{prefix} adaptive k<={cap}", "adaptive", cap))
+            if drafter_name == "none":
+                methods = [("hf_specdec, no drafts", "constant", 1)]
             for name, policy, k in methods:
                 stats[name] = SpeculationStats()
-                runs.append((name, dict(custom_generate=speculative_generate, assistant=drafter, draft_length=policy,
-                                        num_draft_tokens=k, speculation_stats=stats[name])))
+                # each row drafts with its own copy, so that what a drafter learns (a table, a policy) stays its own
+                runs.append((name, dict(custom_generate=speculative_generate, assistant=copy.deepcopy(drafter),
+                                        draft_length=policy, num_draft_tokens=k, speculation_stats=stats[name])))
         return runs, stats
 
     runs, all_stats = method_runs()
-    spec_stats = next(iter(all_stats.values()))
+    spec_stats = list(all_stats.values())[1]  # the first drafter's (the first row is the no-drafts baseline)
     results = {name: MethodResult(name) for name, _ in runs}
     for name, st in all_stats.items():
         results[name].stats = st
@@ -235,7 +246,6 @@ def run_bench(
     verify_ms = costs[f"target_forward_ms_{cap + 1}"]
     costs["drafter_ms_per_step"] = draft_ms
     costs["break_even_mean_accepted_tokens"] = (draft_ms + verify_ms) / costs["target_forward_ms_1"]
-    plain_tps = results["plain"].tokens_per_second
     return {
         "settings": {
             "target": target_name,
@@ -252,7 +262,7 @@ def run_bench(
             "device": str(target.device),
             "dtype": str(target.dtype),
         },
-        "methods": [r.as_dict(plain_tps, greedy=not do_sample) for r in results.values()],
+        "methods": [r.as_dict(results["plain"], greedy=not do_sample) for r in results.values()],
         "costs": costs,
     }
 
@@ -291,15 +301,16 @@ def format_table(report: dict) -> str:
     rows = [
         f"batch size {report['settings'].get('batch_size', 1)}; tokens/s = generated tokens over the batch per second",
         "",
-        "| method | tokens/s | speed-up | tokens per target forward | acceptance by position | identical to plain |",
-        "|---|---|---|---|---|---|",
+        "| method | tokens/s | speed-up | tokens per target forward | step cost vs a plain step | acceptance by position "
+        "| identical to plain |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in report["methods"]:
         acc = "n/a" if m["acceptance_by_position"] is None else " ".join(f"{a:.2f}" for a in m["acceptance_by_position"])
         ident = "n/a (sampling)" if m["identical_to_plain"] is None else ("yes" if m["identical_to_plain"] else "NO")
         rows.append(
             f"| {m['name']} | {m['tokens_per_second']:.1f} | {m['speedup']:.2f}x | {m['mean_accepted_tokens']:.2f} "
-            f"| {acc} | {ident} |"
+            f"| {m['step_cost_vs_plain']:.2f}x | {acc} | {ident} |"
         )
     c = report["costs"]
     k = report["settings"]["num_draft_tokens"]
@@ -310,6 +321,8 @@ def format_table(report: dict) -> str:
         f"{c['drafter_ms_per_step']:.1f} ms per step (first hf_specdec row); break-even at {c['break_even_mean_accepted_tokens']:.2f} "
         "tokens per target forward."
     )
+    rows.append("Speed-up = tokens per target forward / step cost vs a plain step (time per target forward over stock "
+                "generate()'s time per token): the first is speculation's share, the second what the step itself costs.")
     paired = adaptive_vs_best_constant(report)
     if paired:
         rows += ["", *paired]

@@ -37,15 +37,19 @@ def test_bench_writes_json_and_plot(folders, assistant, builtin, capsys):
     assert code == 0
     report = json.loads(out_json.read_text())
     names = [m["name"] for m in report["methods"]]
-    assert names == ["plain", builtin, "hf_specdec"]
+    assert names == ["plain", builtin, "hf_specdec, no drafts", "hf_specdec"]
     for method in report["methods"]:
         assert FIELDS <= set(method)
         assert method["identical_to_plain"] is True
         assert method["tokens_per_second"] > 0
     assert report["methods"][0]["mean_accepted_tokens"] == 1.0
+    assert report["methods"][2]["mean_accepted_tokens"] == 1.0  # the no-drafts baseline: plain steps, our loop
     if assistant == "drafter":  # a draft model that mostly agrees: it speculated (lookup on random text may not)
-        assert report["methods"][2]["mean_accepted_tokens"] > 1.0
-    assert len(report["methods"][2]["acceptance_by_position"]) == 3
+        assert report["methods"][3]["mean_accepted_tokens"] > 1.0
+    assert len(report["methods"][3]["acceptance_by_position"]) == 3
+    for m in report["methods"]:  # the speed-up splits into speculation's share and the step's cost
+        assert m["speedup"] == pytest.approx(m["mean_accepted_tokens"] / m["step_cost_vs_plain"], rel=0.05) or \
+            m["name"].startswith("transformers")
     assert {"num_prompts", "max_new_tokens", "num_draft_tokens", "do_sample"} <= set(report["settings"])
     assert report["costs"]["break_even_mean_accepted_tokens"] > 0
     assert out_png.stat().st_size > 1000
@@ -70,10 +74,11 @@ def test_bench_sweeps_draft_lengths_and_adaptive(folders, capsys):
                  "--num-prompts", "2", "--max-new-tokens", "12", "--num-draft-tokens", "1,3", "--adaptive",
                  "--json", str(out_json)]) == 0
     report = json.loads(out_json.read_text())
-    assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec k=1", "hf_specdec k=3", "hf_specdec adaptive k<=3"]
+    assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec, no drafts", "hf_specdec k=1", "hf_specdec k=3",
+                                                      "hf_specdec adaptive k<=3"]
     assert all(m["identical_to_plain"] for m in report["methods"])
-    assert all(m["mean_accepted_tokens"] > 1.0 for m in report["methods"][1:3])
-    assert len(report["methods"][1]["acceptance_by_position"]) == 1
+    assert all(m["mean_accepted_tokens"] > 1.0 for m in report["methods"][2:4])
+    assert len(report["methods"][2]["acceptance_by_position"]) == 1
     assert report["settings"]["draft_lengths"] == [1, 3]
     assert all(len(m["prompt_seconds"]) == len(m["prompt_tokens"]) == 2 for m in report["methods"])
     assert "hf_specdec adaptive k<=3 vs the fastest constant (hf_specdec k=" in capsys.readouterr().out
@@ -88,9 +93,11 @@ def test_bench_compares_several_drafters_in_one_run(folders):
                  str(prompts), "--num-prompts", "2", "--max-new-tokens", "10", "--num-draft-tokens", "2",
                  "--json", str(out_json)]) == 0
     report = json.loads(out_json.read_text())
-    assert [m["name"] for m in report["methods"]] == ["plain", "hf_specdec ngram", f"hf_specdec {root / 'drafter'}"]
+    assert [m["name"] for m in report["methods"]] == ["plain", "transformers prompt_lookup_num_tokens",
+                                                      "hf_specdec, no drafts", "hf_specdec ngram",
+                                                      f"hf_specdec {root / 'drafter'}"]
     assert all(m["identical_to_plain"] for m in report["methods"])
-    assert report["methods"][2]["mean_accepted_tokens"] > 1.0
+    assert report["methods"][4]["mean_accepted_tokens"] > 1.0
 
 
 def test_paired_comparison_picks_the_fastest_constant_and_brackets_the_ratio():

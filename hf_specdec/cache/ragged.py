@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ..cpu_matmul import small_m_linear
+from ..cpu_matmul import fast_linear
 from ..tree import Tree
 
 
@@ -121,7 +121,7 @@ class RaggedKV:
             kwargs["logits_to_keep"] = num_logits
         if mask is not None:
             kwargs["attention_mask"] = mask
-        with small_m_linear(self.fast):
+        with fast_linear(self.fast):
             if self.capture is None:
                 out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
             else:

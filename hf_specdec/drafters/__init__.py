@@ -8,6 +8,7 @@ from .fallback import FallbackDrafter
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
 from .per_row import PerRowDrafter
+from .plain import PlainDrafter
 from .recycle import RecycleDrafter
 from .self_speculative import SelfSpeculativeDrafter
 
@@ -24,6 +25,7 @@ __all__ = [
     "MedusaDrafter",
     "FallbackDrafter",
     "PerRowDrafter",
+    "PlainDrafter",
     "RecycleDrafter",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
