@@ -13,8 +13,9 @@ Adding a kind is one file plus one registration line (as peft's `register_peft_m
 Several kinds may share a config class (token-only and EAGLE-style drafters are both `SpecDrafterConfig`); `matches`
 then tells them apart. Exporters are `exporter(model, target, out_folder, dtype)`, or their "module:name" (the
 built-in ones are named, so that decoding, and the `custom_generate/` copy of it, never loads export code). `training`
-names the `module:attribute` of the kind's adapter for `training/distill.py` (the training code lies outside the
-package, so it is named, not imported).
+names the `module:attribute` of the kind's training adapter (a subclass of `training.adapters.Adapter`: how to build,
+feed and score the kind), which `python -m training.distill --drafter <kind name>` loads; the training code lies
+outside the package, so it is named, not imported.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ register_drafter_kind(DrafterKind(
     "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": "hf_specdec.serving:export_vllm_medusa"},
     training="training.adapters:MedusaHeads", description="Medusa heads on the target's final hidden state"))
 register_drafter_kind(DrafterKind(
-    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter,
+    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training="training.adapters:TokenDrafter",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "kind_of", "export_formats"]

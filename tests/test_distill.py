@@ -18,15 +18,14 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
-from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM
+from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 import hf_specdec.drafters
 import hf_specdec.hub
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "training" / "distill.py"
 
 
-from training import distill  # noqa: E402
+from training import adapters, distill, losses  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -171,9 +170,9 @@ def test_divergence_is_zero_when_the_drafter_equals_the_target(kind):
     logits = torch.randn(5, 30) * 3
     lps = logits.log_softmax(-1)
     top = lps.topk(6)
-    loss = distill.distill_loss(logits, top.indices, top.values, None, kind)
+    loss = losses.distill_loss(logits, top.indices, top.values, None, kind)
     assert abs(float(loss)) < 1e-5
-    assert float(distill.distill_loss(torch.randn(5, 30), top.indices, top.values, None, kind)) > 1e-3
+    assert float(losses.distill_loss(torch.randn(5, 30), top.indices, top.values, None, kind)) > 1e-3
 
 
 @pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd", "ce"])
@@ -183,18 +182,19 @@ def test_every_loss_decreases_on_a_fixed_batch(world, trained, kind):
     folder = Path(trained["summary"]["data"]["cache_folder"])
     train = distill.TeacherData.load(folder / "train.safetensors")
     torch.manual_seed(0)
-    drafter = distill.build_drafter(args, target, train.target_token_counts(96), [2])
+    adapter, folder = adapters.adapter_for(args.drafter)
+    drafter = distill.build_drafter(adapter, folder, args, target, train.target_token_counts(96), [2])
     batch = distill.collate([train.record(i) for i in range(0, 48, 3)], tokenizer.pad_token_id)
     cols = distill.column_map(drafter, 96, torch.device("cpu"))
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
-    losses = []
+    history = []
     for _ in range(25):
-        loss = distill.distill_loss(distill.drafter_logits(drafter, batch), batch["tgt_ids"], batch["tgt_lps"], cols, kind)
+        loss = losses.distill_loss(adapter.logits(drafter, batch)[0], batch["tgt_ids"], batch["tgt_lps"], cols, kind)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
-    assert losses[-1] < 0.8 * losses[0], losses
+        history.append(loss.item())
+    assert history[-1] < 0.8 * history[0], history
 
 
 # --- quantized targets -----------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_saved_folder_round_trips_and_decodes_exactly(world, trained):
     assert config.target_name_or_path == str(world["target"]) and config.target_quantization == "none"
     assert config.num_draft_tokens_eval == 5
     assert_evaluated_speculatively(config.measured)
-    assert config.training["loss"] == "fkl" and "training/distill.py" in config.training["command"]
+    assert config.training["loss"] == "fkl" and "-m training.distill" in config.training["command"]
     assert (out / "tokenizer.json").exists()
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: hf-specdec" in card and "speculative-decoding" in card
@@ -279,7 +279,7 @@ def test_lora_on_an_existing_drafter_saves_a_merged_drafter(world, trained, tmp_
 # --- resume and multi-process (subprocesses) -----------------------------------------------------------------------------
 def test_resume_after_sigkill_ends_like_an_uninterrupted_run(world, tmp_path):
     common = dict(max_steps=40, save_every=10, eval_every=20, on_policy_ratio=0.3, log_every=5)
-    run = lambda out, *extra: [sys.executable, str(SCRIPT), *cli(world, out, **common), *extra]  # noqa: E731
+    run = lambda out, *extra: [sys.executable, "-m", "training.distill", *cli(world, out, **common), *extra]  # noqa: E731
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run(run(straight), check=True, env=subprocess_env(), cwd=REPO, capture_output=True)
     proc = subprocess.Popen(run(killed), env=subprocess_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -303,7 +303,7 @@ def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "two"
     command = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "--main_process_port", str(port), str(SCRIPT),
+               "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "training.distill",
                *cli(world, out, batch_size=4, max_steps=4, eval_every=2, save_every=2, on_policy_ratio=0.5,
                     data_cache_dir=tmp_path / "cache")]
     result = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -340,7 +340,7 @@ def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
 
 def test_eagle_passes_feed_back_their_own_hidden_states(world):
     """Pass r of the unrolled training sees the drafter's own pass r-1 output as features, shifted by one position."""
-    drafter = SpecDrafterForCausalLM(distill.drafter_config_from_target(
+    drafter = SpecDrafterForCausalLM(drafter_config_from_target(
         LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2), num_hidden_layers=1, target_feature_input=True))
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
@@ -352,7 +352,7 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
     seen = []
     original = drafter.forward
     with mock.patch.object(drafter, "forward", side_effect=lambda **kw: seen.append(kw["target_features"]) or original(**kw)):
-        logits, _ = distill.eagle_passes(drafter, batch, unroll_steps=1)
+        logits, _ = adapters.eagle_passes(drafter, batch, unroll_steps=1)
     assert len(logits) == 2 and logits[0].shape[0] == int(positions.sum())
     torch.testing.assert_close(seen[0][:, 1:], batch["features"][:, :-1])
     assert not seen[0][:, 0].any()
@@ -363,7 +363,7 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
 # --- Medusa heads ---------------------------------------------------------------------------------------------------------
 def test_medusa_pairs_align_heads_with_future_teacher_rows():
     positions = torch.tensor([[False, True, True, True, True, False], [False, False, True, True, False, False]])
-    source, teacher = distill.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
+    source, teacher = adapters.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
     assert source.nonzero().tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1]]
     # teacher rows (row-major over `positions`): row 0 -> 0..3 at j = 1..4, row 1 -> 4, 5 at j = 2, 3
     assert teacher.tolist() == [1, 2, 3, 4, 5]
@@ -386,3 +386,22 @@ def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
         spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
                                assistant=heads, num_draft_tokens=2)
         assert torch.equal(plain, spec)
+
+
+# --- a registered kind trains with no edit to the trainer ----------------------------------------------------------------
+def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_trainer(world, tmp_path, monkeypatch):
+    from hf_specdec import kinds
+    from tests.test_kinds import BIGRAM, BigramTable
+
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    kinds.register_drafter_kind(BIGRAM)
+    out = tmp_path / "bigram"
+    summary = run_in_process(cli(world, out, drafter="test-bigram", max_steps=30, eval_every=30, save_every=0,
+                                 learning_rate=0.3))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < 0.7 * log[0]["loss"]
+    assert_evaluated_speculatively(summary["best"])
+    drafter = hf_specdec.AutoDrafter.from_pretrained(out)
+    assert isinstance(drafter, BigramTable) and drafter.table.abs().sum() > 0
+    with pytest.raises(ValueError, match="neither a kind of drafter to train .*test-bigram"):
+        adapters.adapter_for("no-such-kind")

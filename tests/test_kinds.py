@@ -15,6 +15,7 @@ from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, speculative_ge
 from hf_specdec.drafters import Draft, Drafter
 from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of, register_drafter_kind
 from tests.conftest import random_prompts, tiny_llama
+from training.adapters import Adapter
 from tests.speculation import assert_speculated
 
 
@@ -62,8 +63,19 @@ def export_bigram_json(model, target, out, dtype):
     (out / "bigram.json").write_text(json.dumps(model.table.argmax(dim=-1).tolist()))
 
 
+class BigramTraining(Adapter):
+    """How `python -m training.distill --drafter test-bigram` builds and scores it (the default loss: the target's
+    top-K distribution at every teacher position, from the token there)."""
+
+    def new(self, args, target, target_name, target_folder, draft_vocab):
+        return BigramTable(BigramConfig(vocab_size=target.config.vocab_size))
+
+    def logits(self, model, batch):
+        return model.table[batch["input_ids"][batch["positions"]]], batch["tgt_ids"]
+
+
 BIGRAM = DrafterKind("test-bigram", BigramConfig, BigramTable, BigramDrafter, exporters={"test-bigram-json": export_bigram_json},
-                     description="a bigram table")
+                     training="tests.test_kinds:BigramTraining", description="a bigram table")
 # --- end of the kind's file (its registration line is in the fixture, so that it leaves the registry afterwards) ----
 
 

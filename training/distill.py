@@ -1,18 +1,18 @@
 """Distil a drafter to a target AS DEPLOYED (same weights, same quantization), for exact speculative decoding.
 
-    accelerate launch training/distill.py --target default --target-quantization 8bit --max-steps 2000 \
+    accelerate launch -m training.distill --target default --target-quantization 8bit --max-steps 2000 \
         --output-dir runs/smollm2-drafter
-    python training/distill.py ...                                  # the same, one process
-    accelerate launch --cpu --num_processes 2 training/distill.py ...  # two CPU processes (gloo; accelerate itself
+    python -m training.distill ...                                  # the same, one process
+    accelerate launch --cpu --num_processes 2 -m training.distill ...  # two CPU processes (gloo; accelerate itself
                                        # starts one here, see relaunch_for_cpu_processes)
 
 One readable script, top to bottom:
   1. arguments                 (dataclass, `HfArgumentParser`: --max-steps and --max_steps both work)
-  2. target and drafter        (bitsandbytes 8/4-bit target; new drafter initialised from the target, or an existing
-                                one, optionally with LoRA)
+  2. target and drafter        (bitsandbytes 8/4-bit target; the drafter kind's adapter (adapters.py) builds a new
+                                one or loads an existing one, optionally with LoRA, and gives its loss)
   3. teacher data              (the target's own greedy responses, and/or the target scoring existing assistant
                                 turns; per token the target's top-K log-probs, cached on disk)
-  4. losses                    (fkl, rkl, tvd, jsd on the target's top-K + "rest" bucket; ce on the target's token)
+  4. batches                   (losses.py: fkl, rkl, tvd, jsd on the target's top-K + "rest" bucket; ce)
   5. evaluation                (the REAL decoding loop, `speculative_generate`, greedy, k drafts, held-out prompts)
   6. checkpoints, model card, push to the Hub
   7. the training loop         (`main`)
@@ -22,6 +22,10 @@ the data: acceptance measured on the dev prompts stays honest.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file: its sibling modules are imported as training.*
+    raise SystemExit("distill: run it as a module from the checkout: python -m training.distill ... "
+                     "(or accelerate launch -m training.distill ...)")
 
 import copy
 import hashlib
@@ -43,14 +47,15 @@ from typing import Literal
 import torch
 from huggingface_hub import HfApi
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, HfArgumentParser
+from transformers import DynamicCache, HfArgumentParser
 
 import hf_specdec
-from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir, default_target_folder, load_default_target
+from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir, default_target_folder
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.auto_drafter import AutoDrafter
-from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.models.medusa import MedusaConfig, MedusaHeads
+
+from .adapters import Adapter, adapter_for, unwrap_drafter
+from .losses import LOSSES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGET_HUB_ID = f"HuggingFaceTB/{DEFAULT_TARGET_NAME}"
@@ -68,7 +73,7 @@ class Args:
     target: str = field(default="default", metadata={"help": "'default' (embedded SmolLM2-135M-Instruct), a Hub id or a folder"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
-    drafter: str = field(default="new", metadata={"help": "'new' (token-only drafter), 'eagle' (a drafter that also reads the target's final hidden states, EAGLE-style), 'medusa' (heads on the target's hidden state), or a folder with an existing drafter / causal LM"})
+    drafter: str = field(default="new", metadata={"help": "a kind of new drafter ('new' or 'draft-model': token-only; 'eagle': also reads the target's final hidden states, EAGLE-style; 'medusa': heads on the target's hidden state; any kind registered with a training adapter), or a folder holding a drafter or causal LM to continue from"})
     medusa_heads: int = field(default=4, metadata={"help": "medusa: number of heads (head i predicts the token i + 2 ahead)"})
     medusa_layers: int = field(default=1, metadata={"help": "medusa: residual blocks per head"})
     medusa_decay: float = field(default=0.8, metadata={"help": "medusa: loss weight of head i is decay**i"})
@@ -101,7 +106,7 @@ class Args:
     extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
-    loss: Literal["fkl", "rkl", "tvd", "jsd", "ce"] = "fkl"
+    loss: Literal[LOSSES] = "fkl"
     on_policy_ratio: float = field(default=0.0, metadata={"help": "share of steps whose continuations the drafter samples and the target scores"})
     on_policy_max_new_tokens: int = 64
     on_policy_temperature: float = 1.0
@@ -158,87 +163,19 @@ def eos_ids(target, tokenizer) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def build_drafter(args: Args, target, token_counts: torch.Tensor | None, eos: list[int]):
-    """A new SpecDrafter (initialised from the target where shapes allow), new Medusa heads, or an existing drafter."""
-    if args.drafter == "medusa":
-        vocab = target.config.get_text_config().vocab_size
-        config = MedusaConfig.from_target(target.config, num_heads=args.medusa_heads, num_layers=args.medusa_layers,
-                                          target_name_or_path=target_id(args), target_quantization=args.target_quantization,
-                                          num_draft_tokens_eval=args.medusa_heads,
-                                          draft_vocab_size=args.draft_vocab_size if args.draft_vocab_size < vocab else 0)
-        heads = MedusaHeads(config)
-        if config.draft_vocab_size:
-            heads.set_draft_vocab(choose_draft_vocab(token_counts, config.draft_vocab_size, eos))
-        return heads.to(target.device).bind_target(target)
-    if args.drafter not in ("new", "eagle"):
-        drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=torch.float32)
-        if isinstance(drafter, SpecDrafterForCausalLM):
-            drafter.config.target_name_or_path = target_id(args)
-            drafter.config.target_quantization = args.target_quantization
-    else:
-        vocab = target.config.get_text_config().vocab_size
-        config = drafter_config_from_target(
-            target.config, num_hidden_layers=args.drafter_layers,
-            intermediate_size=args.drafter_intermediate_size or None,
-            draft_vocab_size=args.draft_vocab_size if args.draft_vocab_size < vocab else 0,
-            target_name_or_path=target_id(args), target_quantization=args.target_quantization,
-            num_draft_tokens_eval=args.num_draft_tokens, target_feature_input=args.drafter == "eagle",
-        )
-        drafter = SpecDrafterForCausalLM(config)
-        if args.init_from_target:
-            init_from_target(drafter, args)
-        if config.draft_vocab_size:
-            drafter.set_draft_vocab(choose_draft_vocab(token_counts, config.draft_vocab_size, eos))
-    drafter.to(target.device)
-    if hasattr(drafter, "bind_target"):
-        drafter.bind_target(target)
+def build_drafter(adapter: Adapter, continue_from: str | None, args: Args, target, token_counts: torch.Tensor | None,
+                  eos: list[int]):
+    """The drafter to train (its kind's adapter builds it), LoRA-wrapped when asked."""
+    drafter = adapter.build(args, target, token_counts, eos, folder=continue_from, target_name=target_id(args),
+                            target_folder=target_folder(args))
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
-        if args.drafter in ("new", "eagle", "medusa"):
+        if continue_from is None:
             raise ValueError("--lora adapts an existing drafter: pass --drafter PATH.")
         modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         drafter = get_peft_model(drafter, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=modules))
     return drafter
-
-
-def init_from_target(drafter: SpecDrafterForCausalLM, args: Args) -> None:
-    """Copy the fp32 target's first layers and final norm into the drafter wherever names and shapes match.
-
-    An eagle drafter continues from the target's final hidden state, so it starts from the target's LAST layers."""
-    source = AutoModelForCausalLM.from_pretrained(target_folder(args), dtype=torch.float32)  # never the quantized copy
-    src = source.state_dict()
-    if drafter.config.target_feature_input:
-        n_src, n = source.config.get_text_config().num_hidden_layers, drafter.config.num_hidden_layers
-        for i in range(n):
-            prefix, src_prefix = f"model.layers.{i}.", f"model.layers.{n_src - n + i}."
-            for key in [k for k in src if k.startswith(src_prefix)]:
-                src[prefix + key[len(src_prefix):]] = src[key]
-    copied = 0
-    with torch.no_grad():
-        for name, param in drafter.state_dict().items():
-            src_name = name if name in src else None
-            if src_name is None and name.startswith("model.") and "model." + name[6:] in src:
-                src_name = "model." + name[6:]
-            if src_name is not None and src[src_name].shape == param.shape and param.is_floating_point():
-                param.copy_(src[src_name])
-                copied += 1
-    del source, src
-    print(f"[distill] initialised {copied} drafter tensors from the target's first layers and final norm", flush=True)
-
-
-def choose_draft_vocab(counts: torch.Tensor, size: int, always: list[int]) -> torch.Tensor:
-    """FR-Spec: the `size` target tokens the teacher predicts most often (EOS always included; ties by id)."""
-    counts = counts.clone().double()
-    counts[torch.tensor(always, dtype=torch.long)] = float("inf")
-    order = torch.sort(-counts, stable=True).indices  # most frequent first, ties by id
-    return order[:size].sort().values
-
-
-def unwrap_drafter(model):
-    """The drafter module speculative decoding can use (LoRA layers active), from DDP / peft wrappers."""
-    model = getattr(model, "module", model)  # DDP
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def mergeable_copy(model):
@@ -689,93 +626,6 @@ def collate(records: list[dict], pad: int) -> dict:
     return batch
 
 
-def drafter_logits(model, batch: dict) -> torch.Tensor:
-    """[N, V'] drafter logits at the target positions; V' = the draft vocabulary for a SpecDrafter (Medusa: head 0,
-    which at position j predicts what the target predicts at j + 1, so its rows are the positions' successors')."""
-    inner = unwrap_drafter(model)
-    if isinstance(inner, MedusaHeads):
-        source, _ = medusa_pairs(batch["positions"], 0)
-        return model(batch["features"][source], heads=[0], full_vocab=False)[:, 0]
-    if "features" in batch:
-        return eagle_passes(model, batch, unroll_steps=0)[0][0]
-    if isinstance(inner, SpecDrafterForCausalLM):
-        return model(input_ids=batch["input_ids"], logits_to_keep=batch["positions"], use_cache=False, full_vocab_logits=False).logits
-    return model(input_ids=batch["input_ids"], use_cache=False).logits[batch["positions"]]
-
-
-def eagle_passes(model, batch: dict, unroll_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """An eagle drafter's logits at the target positions for 1 + unroll_steps passes, and its feature loss.
-
-    Pass 0 feeds at position j the token t_j and the TARGET's hidden state f_{j-1} (what the drafter gets for tokens
-    the target has verified); pass r feeds the drafter's own output of pass r-1 instead (what it gets for the r-th token
-    it drafts ahead). Every pass regresses its output hidden state on f_j (smooth L1)."""
-    feats, positions = batch["features"], batch["positions"]
-    shift = lambda h: torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # noqa: E731
-    inputs, all_logits, feature_loss = shift(feats), [], 0.0
-    for _ in range(1 + unroll_steps):
-        out = model(input_ids=batch["input_ids"], target_features=inputs, logits_to_keep=positions, use_cache=False,
-                    full_vocab_logits=False)
-        hidden = out.hidden_states[0]
-        all_logits.append(out.logits)
-        feature_loss = feature_loss + torch.nn.functional.smooth_l1_loss(hidden[positions], feats[positions])
-        inputs = shift(hidden)
-    return all_logits, feature_loss / (1 + unroll_steps)
-
-
-def medusa_pairs(positions: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For head i: a [B, L] mask of the source positions j whose hidden state it reads, and the indices (into the
-    flattened teacher rows, i.e. True entries of `positions` in row-major order) of the teacher at j + 1 + i."""
-    shift = head + 1
-    source = torch.zeros_like(positions)
-    source[:, :-shift] = positions[:, shift:]
-    rank = positions.flatten().cumsum(0).view_as(positions) - 1  # teacher row of each target position
-    teacher = rank[:, shift:][positions[:, shift:]]
-    return source, teacher
-
-
-def medusa_loss(model, batch: dict, cols, args: Args, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Medusa-1: head i at position j distils the target's distribution at j + 1 + i; weights decay**i."""
-    losses, weights, head0 = [], [], None
-    for i in range(unwrap_drafter(model).config.num_heads):
-        source, teacher = medusa_pairs(batch["positions"], i)
-        if len(teacher) == 0:
-            continue
-        keep = torch.randperm(len(teacher), generator=generator)[: args.medusa_positions].sort().values
-        logits = model(batch["features"][source][keep], heads=[i], full_vocab=False)[:, 0]
-        ids, lps = batch["tgt_ids"][teacher][keep], batch["tgt_lps"][teacher][keep]
-        loss = distill_loss(logits, ids, lps, cols, args.loss)  # (`ce`: on the target's own token)
-        losses.append(loss * args.medusa_decay**i)
-        weights.append(args.medusa_decay**i)
-        if i == 0:
-            head0 = (logits, ids)
-    return sum(losses) / sum(weights), head0
-
-
-def training_loss(model, batch: dict, cols, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, logits of the teacher-forced pass) for one batch."""
-    if isinstance(unwrap_drafter(model), MedusaHeads):
-        loss, (logits, ids) = medusa_loss(model, batch, cols, args, torch.Generator().manual_seed(int(batch["input_ids"].sum())))
-        batch["tgt_ids_head0"] = ids
-        return loss, logits
-    if "features" not in batch:
-        logits = drafter_logits(model, batch)
-        return token_loss(logits, batch, cols, args.loss), logits
-    all_logits, feature_loss = eagle_passes(model, batch, args.unroll_steps)
-    tokens = sum(token_loss(l, batch, cols, args.loss) for l in all_logits) / len(all_logits)
-    return tokens + args.feature_loss_weight * feature_loss, all_logits[0]
-
-
-def token_loss(logits: torch.Tensor, batch: dict, cols, kind: str) -> torch.Tensor:
-    """A divergence to the target's distribution, or (`ce`) plain next-token cross-entropy on the training text."""
-    if kind != "ce":
-        return distill_loss(logits, batch["tgt_ids"], batch["tgt_lps"], cols, kind)
-    next_ids = batch["input_ids"].roll(-1, dims=1)[batch["positions"]]
-    col = next_ids if cols is None else cols[next_ids]
-    valid = col >= 0  # a token outside the draft vocabulary cannot be learnt
-    logq = logits.float().log_softmax(-1).gather(-1, col.clamp_min(0)[:, None])[:, 0]
-    return -(logq * valid).sum() / valid.sum().clamp_min(1)
-
-
 def column_map(model, vocab_size: int, device) -> torch.Tensor | None:
     """token id -> column of the drafter's logits (-1: outside the draft vocabulary); None when columns are ids."""
     draft_vocab = getattr(unwrap_drafter(model), "draft_vocab", None)
@@ -786,44 +636,6 @@ def column_map(model, vocab_size: int, device) -> torch.Tensor | None:
     return cols
 
 
-def distill_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_lps: torch.Tensor, cols: torch.Tensor | None,
-                 kind: str) -> torch.Tensor:
-    """Mean over tokens of a divergence between the target p and the drafter q.
-
-    Both distributions are coarsened to K+1 buckets: the target's top-K tokens (those the drafter can propose) and
-    "everything else". That is exact bookkeeping (no renormalisation): the rest bucket holds the target's tail mass and
-    the drafter's mass outside the top-K, so each divergence lower-bounds the full-vocabulary one. `ce` is
-    cross-entropy on the target's own (argmax) token.
-    """
-    logq_all = logits.float().log_softmax(-1)
-    col = tgt_ids if cols is None else cols[tgt_ids]
-    valid = col >= 0
-    col = col.clamp_min(0)
-    logq = logq_all.gather(-1, col)
-    if kind == "ce":
-        return -(logq[:, 0] * valid[:, 0]).sum() / valid[:, 0].sum().clamp_min(1)
-    in_topk = torch.zeros_like(logq_all).scatter_add_(-1, col, valid.float()) > 0
-    logq_rest = logq_all.masked_fill(in_topk, float("-inf")).logsumexp(-1, keepdim=True)
-    p = tgt_lps.exp() * valid
-    p_rest = (1 - p.sum(-1, keepdim=True)).clamp_min(0)
-    P = torch.cat([p, p_rest], -1)
-    logP = torch.cat([tgt_lps.masked_fill(~valid, -1e4), p_rest.clamp_min(1e-12).log()], -1)
-    logQ = torch.cat([logq.masked_fill(~valid, -1e4), logq_rest], -1).clamp_min(-1e4)
-    Q = logQ.exp() * torch.cat([valid, torch.ones_like(valid[:, :1])], -1)
-    if kind == "fkl":
-        per_token = (P * (logP - logQ)).sum(-1)
-    elif kind == "rkl":
-        per_token = (Q * (logQ - logP)).sum(-1)
-    elif kind == "tvd":
-        per_token = 0.5 * (P - Q).abs().sum(-1)
-    elif kind == "jsd":
-        logM = torch.logaddexp(logP, logQ) - math.log(2)
-        per_token = 0.5 * (P * (logP - logM)).sum(-1) + 0.5 * (Q * (logQ - logM)).sum(-1)
-    else:
-        raise ValueError(f"unknown loss {kind!r}")
-    return per_token.mean()
-
-
 def top1_hits(logits: torch.Tensor, tgt_ids: torch.Tensor, model) -> tuple[int, int]:
     """(drafter argmax == target argmax, tokens)."""
     pred = logits.argmax(-1)
@@ -831,21 +643,6 @@ def top1_hits(logits: torch.Tensor, tgt_ids: torch.Tensor, model) -> tuple[int, 
     if draft_vocab is not None:
         pred = draft_vocab[pred]
     return int((pred == tgt_ids[:, 0]).sum()), len(pred)
-
-
-@torch.no_grad()
-def medusa_head_accuracy(heads, heldout: "TeacherData", pad: int, ranks: int = 16) -> list[list[float]]:
-    """[head][rank]: how often head i's r-th most likely token is the target's top-1 at its position, on held-out
-    data. `MedusaDrafter(heads, tree=N)` builds its N most likely nodes from this (saved as config.head_accuracy)."""
-    batch = collate([heldout.record(i) for i in range(len(heldout))], pad)
-    rows = []
-    for i in range(heads.config.num_heads):
-        source, teacher = medusa_pairs(batch["positions"], i)
-        features = batch["features"][source].to(heads.device)
-        top = heads(features, heads=[i])[:, 0].topk(ranks, dim=-1).indices.cpu()
-        truth = batch["tgt_ids"][teacher][:, 0]
-        rows.append([round(float(x), 5) for x in (top == truth[:, None]).float().mean(0)])
-    return rows
 
 
 @torch.no_grad()
@@ -896,7 +693,7 @@ def on_policy_records(model, target, records, args: Args, tokenizer) -> list[dic
 # 5. Evaluation: the real decoding loop
 # ----------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(accelerator, model, target, tokenizer, heldout: TeacherData, args: Args) -> dict:
+def evaluate(accelerator, adapter: Adapter, model, target, tokenizer, heldout: TeacherData, args: Args) -> dict:
     """Held-out top-1 agreement (teacher-forced) and speculative decoding (greedy, k drafts) against the target."""
     inner = unwrap_drafter(model)
     was_training = inner.training
@@ -908,8 +705,7 @@ def evaluate(accelerator, model, target, tokenizer, heldout: TeacherData, args: 
     for b in range(0, len(mine), args.batch_size):
         batch = collate([heldout.record(i) for i in mine[b : b + args.batch_size]], tokenizer.pad_token_id)
         batch = {key: v.to(accelerator.device) for key, v in batch.items()}
-        teacher = batch["tgt_ids"][medusa_pairs(batch["positions"], 0)[1]] if isinstance(inner, MedusaHeads) else batch["tgt_ids"]
-        h, n = top1_hits(drafter_logits(inner, batch), teacher, inner)
+        h, n = top1_hits(*adapter.logits(inner, batch), inner)
         hits, total = hits + h, total + n
     stats = hf_specdec.SpeculationStats()
     config = greedy_generation_config(target, args.eval_max_new_tokens, tokenizer.pad_token_id)
@@ -999,7 +795,7 @@ def save_drafter(model, folder: Path, tokenizer=None) -> None:
 
 def training_command(accelerator, argv: list[str]) -> str:
     argv = [a for a in argv if a not in ("--resume", "--resume=True", "--resume=true")]
-    script = "training/distill.py"
+    script = "-m training.distill"
     if accelerator.num_processes > 1:
         cpu = "--cpu " if accelerator.device.type == "cpu" else ""
         return f"accelerate launch {cpu}--num_processes {accelerator.num_processes} {script} " + shlex.join(argv)
@@ -1086,7 +882,8 @@ def main(argv=None) -> dict:
         extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
         for part, folder in zip(extra, [f for f in args.extra_data.split(",") if f]):
             part.meta = {**json.loads((Path(folder) / "meta.json").read_text()), "cache_folder": folder}
-    if args.drafter in ("eagle", "medusa"):  # the target's hidden states, cached beside each teacher-data folder
+    adapter, continue_from = adapter_for(args.drafter)
+    if adapter.reads_target_features:  # the target's hidden states, cached beside each teacher-data folder
         with accelerator.main_process_first():
             for part in [train, heldout] + (extra if args.extra_data else []):
                 name = "heldout" if part is heldout else "train"
@@ -1099,13 +896,13 @@ def main(argv=None) -> dict:
     if args.prepare_only:
         accelerator.wait_for_everyone()
         return {"data": train.meta}
-    if args.drafter in ("eagle", "medusa") and args.on_policy_ratio > 0:
+    if adapter.reads_target_features and args.on_policy_ratio > 0:
         raise ValueError(f"--on-policy-ratio is not supported with --drafter {args.drafter} (its data needs the target's hidden states).")
     if len(train) < args.batch_size * world:
         raise ValueError(f"Only {len(train)} training sequences for a global batch of {args.batch_size * world}.")
 
     vocab = target.config.get_text_config().vocab_size
-    drafter = build_drafter(args, target, train.target_token_counts(vocab), eos_ids(target, tokenizer))
+    drafter = build_drafter(adapter, continue_from, args, target, train.target_token_counts(vocab), eos_ids(target, tokenizer))
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, betas=(0.9, 0.98), weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args))
@@ -1148,7 +945,7 @@ def main(argv=None) -> dict:
                 "heldout_draft_vocab_coverage": coverage, "command": training_command(accelerator, sys.argv[1:] if argv is None else list(argv))}
 
     def run_eval() -> dict:
-        metrics = evaluate(accelerator, model, target, tokenizer, heldout, args)
+        metrics = evaluate(accelerator, adapter, model, target, tokenizer, heldout, args)
         log({"event": "eval", "step": state.step, **metrics})
         if state.best is None or metrics["mean_accepted_tokens"] > state.best["mean_accepted_tokens"]:
             state.best, state.best_step = metrics, state.step
@@ -1156,10 +953,11 @@ def main(argv=None) -> dict:
             if is_main:
                 plain.config.measured = {**metrics, "step": state.step}
                 plain.config.training = training_info(state.step)
-                if isinstance(plain, MedusaHeads):
-                    was_training = plain.training
-                    plain.config.head_accuracy = medusa_head_accuracy(plain.eval(), heldout, tokenizer.pad_token_id)
-                    plain.train(was_training)
+                was_training = plain.training
+                held = collate([heldout.record(i) for i in range(len(heldout))], tokenizer.pad_token_id)
+                for key, value in adapter.measure(plain.eval(), held).items():
+                    setattr(plain.config, key, value)
+                plain.train(was_training)
                 save_drafter(plain, output_dir / "checkpoints" / "best")
         accelerator.wait_for_everyone()
         return metrics
@@ -1179,13 +977,13 @@ def main(argv=None) -> dict:
         if on_policy:
             records = on_policy_records(model, target, records, args, tokenizer)
         batch = {k: v.to(accelerator.device) for k, v in collate(records, tokenizer.pad_token_id).items()}
-        loss, logits = training_loss(model, batch, cols, args)
+        loss, logits, teacher = adapter.loss(model, batch, cols, args)
         accelerator.backward(loss)
         grad_norm = accelerator.clip_grad_norm_(trainable, args.max_grad_norm) if args.max_grad_norm > 0 else None
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        hits, n = top1_hits(logits.detach(), batch.get("tgt_ids_head0", batch["tgt_ids"]), model)
+        hits, n = top1_hits(logits.detach(), teacher, model)
         stats = accelerator.reduce(torch.tensor([loss.item(), hits, n], dtype=torch.float64, device=accelerator.device), "sum").cpu()
         state.step += 1
         steps_run += 1
@@ -1255,7 +1053,7 @@ def relaunch_for_cpu_processes() -> None:
         return
     if n > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
-                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), __file__, *sys.argv[1:]]
+                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), "-m", __spec__.name, *sys.argv[1:]]
         print(f"[distill] accelerate started one process for --cpu --num_processes {n}; relaunching {n} gloo processes", flush=True)
         os.execv(sys.executable, command)
 

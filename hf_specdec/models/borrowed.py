@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 
 class TargetNotBoundError(RuntimeError):
