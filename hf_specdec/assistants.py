@@ -34,6 +34,7 @@ from .drafters.recycle import RecycleDrafter
 from .drafters.self_speculative import SelfSpeculativeDrafter
 from .kinds import kind_of
 from .models.medusa import MedusaHeads
+from .errors import InputError
 
 ACCEPTED_ASSISTANTS = (
     f"a name ({known_names()}), an `hf_specdec.Drafter` or `SequenceDrafter`, a drafter model hf_specdec made, a "
@@ -81,7 +82,7 @@ def resolve(spec: str, target=None) -> Drafter:
         return SelfSpeculativeDrafter(int(variant) if variant else None)
     if name == "layers" and variant.isdigit():
         if target is None:
-            raise ValueError(f"assistant={spec!r} cuts a draft model from the target: pass the target too.")
+            raise InputError(f"assistant={spec!r} cuts a draft model from the target: pass the target too.")
         return DraftModelDrafter(early_layers_draft_model(target, int(variant)))
     if Path(spec).exists() or not variant:
         return as_drafter(AutoDrafter.from_pretrained(spec, target=target))
@@ -90,6 +91,22 @@ def resolve(spec: str, target=None) -> Drafter:
         raise UnknownDrafterError(f"{spec!r}: only Medusa heads take a suffix (':chain', ':tree' or ':N', an N-node "
                                   f"tree). Known names: {known_names()}.")
     return MedusaDrafter(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
+
+
+def check_name(spec: str) -> None:
+    """Raise `UnknownDrafterError` now, before any model loads, for a name `resolve` could never resolve."""
+    from .shipped import shipped_drafter_names
+
+    for part in spec.split("+"):
+        name, _, variant = part.partition(":")
+        if part in ("default", "ngram", "recycle", "none") or Path(part).exists():
+            continue
+        if (name == "self" and (not variant or variant.isdigit())) or (name == "layers" and variant.isdigit()):
+            continue
+        if (name in shipped_drafter_names() or name.count("/") == 1) and (not variant or variant in ("chain", "tree")
+                                                                          or variant.isdigit()):
+            continue
+        raise UnknownDrafterError(f"Unknown drafter {part!r}. Known: {known_names()}.")
 
 
 def default_assistant_name(target=None) -> str:
@@ -112,7 +129,7 @@ def early_layers_draft_model(target, num_layers: int):
     config = target.config.__class__.from_dict(target.config.to_dict())
     total = config.num_hidden_layers
     if not 1 <= num_layers <= total:
-        raise ValueError(f"layers:{num_layers} needs 1 <= N <= the target's {total} layers.")
+        raise InputError(f"layers:{num_layers} needs 1 <= N <= the target's {total} layers.")
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = config.layer_types[:num_layers]
@@ -121,4 +138,4 @@ def early_layers_draft_model(target, num_layers: int):
     return drafter.eval()
 
 
-__all__ = ["as_drafter", "resolve", "default_assistant_name", "early_layers_draft_model", "ACCEPTED_ASSISTANTS"]
+__all__ = ["as_drafter", "resolve", "check_name", "default_assistant_name", "early_layers_draft_model", "ACCEPTED_ASSISTANTS"]

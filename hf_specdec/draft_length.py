@@ -23,6 +23,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+from .errors import InputError
+
 
 @dataclass
 class StepOutcome:
@@ -237,7 +239,7 @@ def as_draft_length_policy(value):
         return AdaptiveDraftLength()
     if isinstance(value, DraftLengthPolicy):
         return value
-    raise ValueError(
+    raise InputError(
         f"draft_length must be 'constant', 'adaptive' or a DraftLengthPolicy (start / next_length / update), got "
         f"{value!r}."
     )

@@ -8,6 +8,7 @@ The layouts themselves, and how to serve each, are in `hf_specdec/serving.py`.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 from pathlib import Path
 
@@ -16,20 +17,40 @@ import torch
 from .auto_drafter import AutoDrafter
 from .kinds import export_formats, kind_of
 from .serving import TOKENIZER_FILES
+from .shipped import shipped_folder
+from .errors import InputError
+
+
+def check_exportable(drafter_path, format: str, config=None) -> None:
+    """Raise `InputError` (naming the fix) when `format` is unknown or cannot hold the drafter's kind; reads only
+    config.json (a local folder or shipped drafter; a Hub id is checked when it loads)."""
+    formats = export_formats()
+    if format not in formats:
+        raise InputError(f"Unknown export format {format!r}; choose one of {sorted(formats)}.")
+    if config is None:
+        folder = Path(drafter_path) if Path(drafter_path).exists() else shipped_folder(str(drafter_path))
+        if folder is None:
+            return
+        if not (Path(folder) / "config.json").is_file():
+            raise InputError(f"{drafter_path} holds no config.json: pass a drafter folder (written by save_pretrained or "
+                             "training.distill), a shipped drafter's name or a Hub id.")
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    kind = kind_of(config)
+    if kind is None:
+        raise InputError(f"{drafter_path} is not a drafter of any kind hf_specdec knows; pass a drafter folder.")
+    if not kind.exporters:
+        raise InputError(f"{drafter_path} is already a standalone model ({kind.description}): serve the folder as it is.")
+    if format not in kind.exporters:
+        right = ", ".join(f"--format {name}" for name in kind.exporters)
+        raise InputError(f"{drafter_path} is {kind.description}, which {format} cannot hold: export it with {right}.")
 
 
 def export_drafter(drafter_path, target, out, format: str) -> Path:
     """Write the drafter at `drafter_path` (folder, Hub id or shipped name) for a serving engine into `out`."""
-    formats = export_formats()
-    if format not in formats:
-        raise ValueError(f"Unknown export format {format!r}; choose one of {sorted(formats)}.")
+    check_exportable(drafter_path, format)
     drafter = AutoDrafter.from_pretrained(drafter_path, target=target, dtype=torch.float32)
+    check_exportable(drafter_path, format, config=drafter.config)
     kind = kind_of(drafter.config)
-    if kind is None or not kind.exporters:
-        raise ValueError(f"{drafter_path} is already a standalone {type(drafter).__name__}: serve the folder as it is.")
-    if format not in kind.exporters:
-        right = ", ".join(f"--format {name}" for name in kind.exporters)
-        raise ValueError(f"{drafter_path} is {kind.description}: export it with {right}.")
     out = Path(out)
     dtype = getattr(torch, getattr(drafter.config, "save_dtype", None) or "float32")
     exporter(kind.exporters[format])(drafter, target, out, dtype)
@@ -47,4 +68,4 @@ def exporter(spec):
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["export_drafter", "exporter"]
+__all__ = ["export_drafter", "check_exportable", "exporter"]

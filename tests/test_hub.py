@@ -293,6 +293,8 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     (folder / ".cache").mkdir()
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "model.safetensors").write_text("never uploaded")
+    (folder / "notes.txt").write_text("a stray file: never uploaded")
+    (folder / "linked.safetensors").symlink_to(folder / "model.safetensors")  # symlinks: never uploaded
     with mock.patch.dict(os.environ, {"HF_TOKEN": "hf_not_a_real_token"}), mock.patch("hf_specdec.hub.push.HfApi") as api:
         assert cli(["push", str(folder), "--repo-id", "someone/tiny-drafter", "--private"]) == 0
     api = api.return_value
@@ -302,7 +304,8 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     generation_config = [] if kind == "medusa" else ["generation_config.json"]  # heads are not a generative model
     expected = sorted(["README.md", "config.json", *generation_config, "model.safetensors", *bundle])
     assert call.kwargs == {"repo_id": "someone/tiny-drafter", "repo_type": "model", "folder_path": str(folder),
-                           "allow_patterns": expected, "commit_message": "Upload hf_specdec drafter"}
+                           "allow_patterns": expected, "delete_patterns": ["*"],
+                           "commit_message": "Upload hf_specdec drafter"}
     assert not any("hf_not_a_real_token" in p.read_text(errors="ignore") for p in folder.rglob("*") if p.is_file())
 
 
@@ -396,7 +399,7 @@ def test_export_refuses_the_wrong_format(world, tmp_path):
         export_drafter(world["agreeing"], target, tmp_path / "x", "vllm-eagle")
     with pytest.raises(ValueError, match="--format vllm-eagle"):
         export_drafter(world["eagle"], target, tmp_path / "x", "vllm-draft")
-    with pytest.raises(ValueError, match="already a standalone LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="already a standalone model"):
         export_drafter(world["plain"], target, tmp_path / "x", "vllm-draft")
     with pytest.raises(ValueError, match="Medusa heads .*: export it with --format vllm-medusa"):
         export_drafter(world["medusa"], target, tmp_path / "x", "vllm-eagle")
@@ -459,3 +462,15 @@ def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, kind):
     allowed = torch.isfinite(ours)  # the export stores the target's LM head in float16
     torch.testing.assert_close(theirs[allowed], ours[allowed], rtol=1e-2, atol=1e-2 * float(ours[allowed].abs().max()))
     assert torch.equal(theirs.argmax(-1), ours.argmax(-1))
+
+
+def test_saving_never_deletes_a_custom_generate_folder_the_user_wrote(world, tmp_path):
+    folder = tmp_path / "mine"
+    (folder / "custom_generate").mkdir(parents=True)
+    (folder / "custom_generate" / "generate.py").write_text("def generate(model, **kwargs):  # my own loop\n    ...\n")
+    with pytest.warns(UserWarning, match="was not written by hf_specdec; left as it is"):
+        AutoDrafter.from_pretrained(world["agreeing"]).save_pretrained(folder)
+    assert (folder / "custom_generate" / "generate.py").read_text().startswith("def generate(model, **kwargs):  # my own")
+    AutoDrafter.from_pretrained(world["agreeing"]).save_pretrained(tmp_path / "ours")
+    AutoDrafter.from_pretrained(world["agreeing"]).save_pretrained(tmp_path / "ours")  # hf_specdec's own: rewritten
+    assert (tmp_path / "ours" / "custom_generate" / "generate.py").read_text().startswith("# Generated from ")

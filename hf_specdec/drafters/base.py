@@ -29,6 +29,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..tree import Tree
+from ..errors import InputError
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Drafting:
 def check_device(module, target, what: str = "drafter") -> None:
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else target.device
     if device != target.device:
-        raise ValueError(f"The {what} is on {device} but the target is on {target.device}; move it first: "
+        raise InputError(f"The {what} is on {device} but the target is on {target.device}; move it first: "
                          f"`drafter.to({str(target.device)!r})`.")
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import torch
 
 from .base import Draft, Drafter
+from ..errors import InputError
 
 
 class FallbackDrafter(Drafter):
@@ -30,7 +31,7 @@ class FallbackDrafter(Drafter):
     def vocab_size(self):
         sizes = {self.first.vocab_size(), self.second.vocab_size()} - {None}
         if len(sizes) > 1:
-            raise ValueError(f"The two drafters propose ids of different vocabularies ({sorted(sizes)}).")
+            raise InputError(f"The two drafters propose ids of different vocabularies ({sorted(sizes)}).")
         return sizes.pop() if sizes else None
 
     def start(self, target, seqs, settings):

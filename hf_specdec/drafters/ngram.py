@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .base import Draft, Drafter
+from ..errors import InputError
 
 STRATEGIES = ("recent", "frequent")
 
@@ -38,7 +39,7 @@ class NgramIndex:
 
     def __init__(self, min_n: int = 1, max_n: int = 4, count: bool = False):
         if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n):
-            raise ValueError(f"Need integers 1 <= min_n <= max_n, got min_n={min_n!r}, max_n={max_n!r}.")
+            raise InputError(f"Need integers 1 <= min_n <= max_n, got min_n={min_n!r}, max_n={max_n!r}.")
         self.min_n, self.max_n, self.count = min_n, max_n, count
         self.tokens: list[int] = []
         self.latest: dict[tuple[int, ...], int] = {}
@@ -92,9 +93,9 @@ class NgramIndex:
                 out.append(out[len(out) - available])
             return out, n
         if strategy != "frequent":
-            raise ValueError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
+            raise InputError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
         if not self.count:
-            raise ValueError("strategy='frequent' needs an index built with count=True.")
+            raise InputError("strategy='frequent' needs an index built with count=True.")
         seq = tokens[-self.max_n :]  # a window long enough for every lookup
         out: list[int] = []
         first_n = n
@@ -134,10 +135,10 @@ class NgramDrafter(Drafter):
         max_tokens_by_match: tuple[int, ...] | list[int] = (3, 8),
     ):
         if strategy not in STRATEGIES:
-            raise ValueError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
+            raise InputError(f"Unknown n-gram strategy {strategy!r}; choose one of {STRATEGIES}.")
         caps = tuple(max_tokens_by_match)
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in caps):
-            raise ValueError(f"max_tokens_by_match must hold integers >= 0, got {max_tokens_by_match!r}.")
+            raise InputError(f"max_tokens_by_match must hold integers >= 0, got {max_tokens_by_match!r}.")
         NgramIndex(min_ngram, max_ngram)  # validate now, not at the first generate() call
         self.min_ngram, self.max_ngram, self.strategy = min_ngram, max_ngram, strategy
         self.max_tokens_by_match = caps

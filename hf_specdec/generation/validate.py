@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from ..assistants import as_drafter
 from ..cache.ragged import has_sliding_window
 from ..drafters.base import Drafter
+from ..errors import InputError
 from ..verification import Accepted, greedy, rejection_sample, typical
 
 #: generate() inputs the loop handles itself
@@ -41,12 +42,12 @@ def accept_rule(verification_mode: str, generation_config, threshold: float, alp
     if verification_mode == "exact":
         return AcceptRule("exact" if generation_config.do_sample else "greedy")
     if verification_mode != "typical":
-        raise ValueError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
+        raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
     if not generation_config.do_sample:
-        raise ValueError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
+        raise InputError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
                          "(drop verification= or pass do_sample=True).")
     if not (0 <= threshold <= 1) or alpha < 0:
-        raise ValueError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
+        raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
                          f"(got {threshold}, {alpha}).")
     warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
                   "(Medusa's typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
@@ -66,31 +67,31 @@ class Request:
 def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpus: bool, assistant,
              num_draft_tokens, verification_mode: str, typical_threshold: float, typical_alpha: float) -> Request:
     if assistant is None:
-        raise ValueError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
+        raise InputError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
     if model.config.is_encoder_decoder:
-        raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
+        raise InputError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
     if generation_config.num_beams != 1:
-        raise ValueError(f"Speculative decoding does not do beam search: set num_beams=1 (got {generation_config.num_beams}).")
+        raise InputError(f"Speculative decoding does not do beam search: set num_beams=1 (got {generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:
-        raise ValueError(
+        raise InputError(
             "Speculative decoding returns one sequence per prompt: set num_return_sequences=1 "
             f"(got {generation_config.num_return_sequences}); repeat the prompt in the batch instead."
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
-        raise ValueError("output_attentions / output_hidden_states are not supported with speculative decoding.")
+        raise InputError("output_attentions / output_hidden_states are not supported with speculative decoding.")
     unsupported = sorted(key for key, value in model_kwargs.items() if value is not None and key not in MODEL_KWARGS_HANDLED)
     if unsupported:
-        raise ValueError(f"Speculative decoding does not support these generate() inputs: {unsupported}.")
+        raise InputError(f"Speculative decoding does not support these generate() inputs: {unsupported}.")
     if synced_gpus:
-        raise ValueError("synced_gpus is not supported with speculative decoding.")
+        raise InputError("synced_gpus is not supported with speculative decoding.")
     drafter = as_drafter(assistant, target=model)
     k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
+        raise InputError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
     target_vocab = model.config.get_text_config().vocab_size
     drafter_vocab = drafter.vocab_size()
     if drafter_vocab is not None and drafter_vocab != target_vocab:
-        raise ValueError(
+        raise InputError(
             f"The drafter's vocabulary ({drafter_vocab} tokens) differs from the target's ({target_vocab}): a drafter "
             "must share the target's tokenizer. Use a drafter trained for this target (see training/distill.py), or "
             "assistant='ngram'."
@@ -100,9 +101,9 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
     if cache is None:
         cache = DynamicCache(config=model.config)
     if cache.get_seq_length() != 0:
-        raise ValueError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
+        raise InputError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
     if not cache.is_croppable:
-        raise ValueError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
+        raise InputError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
     if input_ids.shape[0] > 1:
         validate_batch(model, generation_config, cache)
     return Request(drafter, k, rule, cache)
@@ -111,14 +112,14 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
 def validate_batch(model, generation_config, cache) -> None:
     """What batch > 1 needs beyond batch 1 (see the design note in cache/ragged.py)."""
     if has_sliding_window(model.config):
-        raise ValueError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
+        raise InputError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
                          "cache holes would shift the window); decode one prompt at a time.")
     if type(cache) is not DynamicCache:
-        raise ValueError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
+        raise InputError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
     if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
-        raise ValueError("output_scores / output_logits are supported for batch 1 only.")
+        raise InputError("output_scores / output_logits are supported for batch 1 only.")
     if generation_config._pad_token_tensor is None:
-        raise ValueError("Batched generation needs a pad token: set pad_token_id.")
+        raise InputError("Batched generation needs a pad token: set pad_token_id.")
 
 
 __all__ = ["validate", "Request", "AcceptRule", "accept_rule", "MODEL_KWARGS_HANDLED"]

@@ -21,6 +21,7 @@ import importlib.metadata
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -108,10 +109,23 @@ def bundle_requirements(sources: dict[str, str]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def is_bundle(folder) -> bool:
+    """Whether a custom_generate/ folder is one hf_specdec wrote (its generate.py starts with the bundle's header)."""
+    entry = Path(folder) / "generate.py"
+    try:
+        first = entry.read_text(encoding="utf-8").split("\n", 1)[0]
+    except OSError:
+        return not any(Path(folder).iterdir())  # an empty folder is nobody's work
+    return first.startswith("# Generated from ") and "(hf_specdec " in first
+
+
 def write_custom_generate(folder) -> Path:
     """(Re)write `folder/custom_generate/` from the installed hf_specdec; returns its path."""
     out = Path(folder) / CUSTOM_GENERATE_DIR
     if out.exists():
+        if not is_bundle(out):  # the user's own custom_generate/: never deleted
+            warnings.warn(f"{out} was not written by hf_specdec; left as it is (delete it to get hf_specdec's).")
+            return out
         shutil.rmtree(out)  # a bundle from another hf_specdec version may hold modules this one no longer has
     out.mkdir(parents=True)
     sources = bundle_sources()
@@ -121,4 +135,4 @@ def write_custom_generate(folder) -> Path:
     return out
 
 
-__all__ = ["write_custom_generate", "bundle_sources", "bundle_requirements", "CUSTOM_GENERATE_DIR"]
+__all__ = ["write_custom_generate", "is_bundle", "bundle_sources", "bundle_requirements", "CUSTOM_GENERATE_DIR"]
