@@ -22,7 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.diagnostics import count_host_syncs
+from hf_specdec.diagnostics import count_forwards, count_host_syncs
 
 
 def tiny_target(seed: int = 0) -> LlamaForCausalLM:
@@ -46,17 +46,6 @@ def timed(fns: dict, repeats: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def steps_of(target, fn) -> int:
-    """Target forwards one call makes (its prefill included)."""
-    count = [0]
-    hook = target.register_forward_pre_hook(lambda *args: count.__setitem__(0, count[0] + 1))
-    try:
-        fn()
-    finally:
-        hook.remove()
-    return count[0]
-
-
 def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     target = tiny_target()
     drafter = copy.deepcopy(target)  # agrees with the target on every token
@@ -75,7 +64,7 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
         drafter.generation_config.num_assistant_tokens_schedule = "constant"
         drafter.generation_config.assistant_confidence_threshold = 0.0
         runs["theirs"] = lambda: target.generate(prompt, assistant_model=drafter, **common)
-    steps = {name: steps_of(target, fn) for name, fn in runs.items()}
+    steps = {name: count_forwards(target, fn) for name, fn in runs.items()}
     seconds = timed(runs, repeats)
     row = {"batch": batch, "k": k, "new_tokens": new_tokens, "hf_specdec_steps": steps["ours"],
            "hf_specdec_ms_per_step": 1000 * seconds["ours"] / steps["ours"],

@@ -71,4 +71,15 @@ def count_host_syncs(cpu_counts: bool = True, where: bool = False):
             setattr(torch.Tensor, name, original)
 
 
-__all__ = ["count_host_syncs", "SyncCounter"]
+def count_forwards(model, fn) -> int:
+    """How many forwards of `model` (its top-level module) one call of `fn` makes."""
+    count = [0]
+    hook = model.register_forward_pre_hook(lambda *args: count.__setitem__(0, count[0] + 1))
+    try:
+        fn()
+    finally:
+        hook.remove()
+    return count[0]
+
+
+__all__ = ["count_host_syncs", "count_forwards", "SyncCounter"]

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ..cpu_matmul import fast_linear
+from ..errors import InputError
 from ..tree import Tree
 
 
@@ -32,6 +33,20 @@ def has_sliding_window(config) -> bool:
     if layer_types:
         return any(t in ("sliding_attention", "chunked_attention") for t in layer_types)
     return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+
+
+def takes_4d_masks(model) -> bool:
+    """Whether the model's attention takes a 4-D additive mask, as tree verification needs (eager, sdpa and flex do;
+    flash attention takes padding masks only)."""
+    return "flash" not in (getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def check_tree_attention(model, what: str) -> None:
+    """Refuse, before any work, a tree on a target whose attention cannot take the tree's 4-D mask."""
+    if not takes_4d_masks(model):
+        raise InputError(f"{what} verifies a tree of candidates in one forward, which needs a 4-D attention mask; "
+                         f"attn_implementation={model.config._attn_implementation!r} takes none. Load the target with "
+                         "attn_implementation='sdpa' (or 'eager'), or draft a chain.")
 
 
 class RaggedKV:

@@ -23,11 +23,12 @@ import heapq
 import torch
 
 from ..cache.hidden import final_norm
-from ..cache.ragged import has_sliding_window
+from ..cache.ragged import check_tree_attention, has_sliding_window
 from ..models.medusa import MedusaHeads
 from ..tree import Tree
 from .base import Draft, Drafter, Drafting, check_device
 from .features import TargetFeatures
+from ..errors import InputError
 
 
 #: top-k ranks per depth: 3 first tokens, 2 continuations of the best, 1 of the second, the top-1 chain to depth 3.
@@ -39,7 +40,7 @@ def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
     """The `num_nodes` paths most likely to be accepted, taking heads as independent: node (r1..rd) is accepted with
     probability prod_i head_accuracy[i][r_i]. Best-first search, so every path's parent is in the tree."""
     if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"A Medusa tree needs at least one node, got {num_nodes!r}.")
+        raise InputError(f"A Medusa tree needs at least one node, got {num_nodes!r}.")
     acc = [list(map(float, row)) for row in head_accuracy]
     frontier = [(-p, (r,)) for r, p in enumerate(acc[0])]
     heapq.heapify(frontier)
@@ -63,10 +64,10 @@ def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
     ordered = unique if parents_first else sorted(unique, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(ordered)}
     if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
-        raise ValueError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
+        raise InputError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
     missing = [p for p in ordered if len(p) > 1 and p[:-1] not in index]
     if missing:
-        raise ValueError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
+        raise InputError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
     return Tree([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
 
 
@@ -81,12 +82,12 @@ class MedusaDrafter(Drafter):
             tree = len(DEFAULT_TREE) if accuracy else [p for p in DEFAULT_TREE if len(p) <= heads.config.num_heads]
         if isinstance(tree, int) and not isinstance(tree, bool):
             if not accuracy:
-                raise ValueError(f"tree={tree} builds a tree from the heads' measured accuracy, which these heads lack "
+                raise InputError(f"tree={tree} builds a tree from the heads' measured accuracy, which these heads lack "
                                  "(config.head_accuracy); pass a list of paths instead, or retrain with training/distill.py.")
             tree = best_tree(accuracy, tree)
         self.tree = None if tree == "chain" else tree_parents(tree)
         if self.tree is not None and self.tree[0].max_depth > heads.config.num_heads:
-            raise ValueError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
+            raise InputError(f"The tree is deeper than the {heads.config.num_heads} Medusa heads.")
         if self.tree is not None:  # a tree's budget is its nodes (what the verification forward's width costs)
             self.default_num_draft_tokens = self.tree[0].size
 
@@ -96,8 +97,10 @@ class MedusaDrafter(Drafter):
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
         check_device(self.heads, target.model, "Medusa heads")
+        if self.tree is not None:
+            check_tree_attention(target.model, "A Medusa tree")
         if self.tree is not None and has_sliding_window(target.model.config):
-            raise ValueError("A tree of Medusa candidates needs full attention in every layer (its 4-D mask would "
+            raise InputError("A tree of Medusa candidates needs full attention in every layer (its 4-D mask would "
                              "cross the sliding window); use MedusaDrafter(heads, tree='chain') with this target.")
         self.heads.bind_target(target.model)
         self.target_features = TargetFeatures(target, [final_norm(target.model)], seqs.size)

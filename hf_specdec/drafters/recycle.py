@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .base import Draft, Drafter
+from ..cache.ragged import check_tree_attention
 from ..tree import Tree
 
 #: ranks of the successors per node, in the order to verify them (parents first, likeliest first: what a budget of n
@@ -56,6 +57,7 @@ class RecycleDrafter(Drafter):
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
+        check_tree_attention(target.model, "Token recycling")
         vocab = target.model.config.get_text_config().vocab_size
         device = seqs.ids(0).device
         if self.table is None or self.table.shape[0] != vocab or self.table.device != device:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..cache.ragged import has_sliding_window
+from ..cache.ragged import has_sliding_window, takes_4d_masks
 from ..cpu_matmul import fast_linear
 from .base import Drafter, Drafting
 from .draft_model import DraftModelDrafter
@@ -144,7 +144,8 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         self._bind(target.model)
         config = target.model.config
         # KV reuse: draft in the target's own cache (one row, no padding, positions the hidden states can re-enter)
-        self.shared = target if (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES
+        # (its causal block over the shared cache is a 4-D mask: under flash attention it keeps a cache of its own)
+        self.shared = target if (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES and takes_4d_masks(target.model)
                                  and not has_sliding_window(config) and bool(seqs.prompt_mask.numpy().all())) else None
         if self.shared is None:
             return super().start(target, seqs, settings)

@@ -22,7 +22,7 @@ from ..drafters.base import DraftSettings
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .step import speculative_step
+from .step import DeviceClock, speculative_step
 from .validate import validate
 
 
@@ -47,6 +47,10 @@ class Run:
     scores_out: list = field(default_factory=list)
     logits_out: list = field(default_factory=list)
     finished: dict = field(default_factory=dict)  # the caller's row index -> its final sequence
+    clock: DeviceClock = None
+
+    def __post_init__(self):
+        self.clock = DeviceClock(self.pending.device)
 
     @property
     def device(self):

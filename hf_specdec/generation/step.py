@@ -32,10 +32,10 @@ def speculative_step(run) -> Step:
     seqs, target = run.seqs, run.target
     # 1. Draft up to `max_draft` tokens per row (a drafter may propose fewer, or none). A step emits at most
     #    max_draft + 1 tokens, so drafts past max_length could never be emitted.
-    start = time.perf_counter()
+    start = run.clock.now()
     room = run.max_length - max(seqs.full_length(b) for b in range(seqs.size)) - 1
     draft = propose(run.drafter, seqs, min(run.policy.next_length(), room))
-    drafted = time.perf_counter()
+    drafted = run.clock.now()
 
     # 2. Verify each row's uncached tokens and its draft in ONE target forward, through generate()'s processors.
     logits = run.drafter.verify(target, run.pending, run.pending_valid, draft)
@@ -52,7 +52,9 @@ def speculative_step(run) -> Step:
 
     # 4. The step's one transfer to the host; then keep the cache slots of each row's path (the rest become holes
     #    or are cropped) and hand feature drafters the hidden states of what was committed.
+    verified_at = run.clock.now()
     host = torch.cat([accepted.num_accepted[:, None], ids, accepted.path], dim=1).tolist()
+    host_start = time.perf_counter()
     width = ids.shape[1]
     num_accepted = [row[0] for row in host]
     tokens = [row[1 : 2 + n] for row, n in zip(host, num_accepted)]
@@ -64,8 +66,8 @@ def speculative_step(run) -> Step:
     if target.last_hidden is not None:
         verified.hidden, verified.num_hidden = committed_hidden(target.last_hidden, kept)
     target.keep(u + draft.num_tokens, kept)
-    return Step(tokens, paths, ids, scores, logits, draft, num_accepted, verified, drafted - start,
-                time.perf_counter() - drafted)
+    return Step(tokens, paths, ids, scores, logits, draft, num_accepted, verified, run.clock.seconds(start, drafted),
+                run.clock.seconds(drafted, verified_at) + time.perf_counter() - host_start)
 
 
 def propose(drafter, seqs, max_draft: int) -> Draft:
@@ -82,3 +84,23 @@ def committed_hidden(hidden: torch.Tensor, kept: list[list[int]]) -> tuple[torch
 
 
 __all__ = ["speculative_step", "Step"]
+
+
+class DeviceClock:
+    """A step's timestamps on the device's own timeline: CUDA events on a GPU, the host clock elsewhere.
+
+    The events of a step are complete once its one host transfer has returned, so reading them then waits for nothing
+    (and `perf_counter` alone would time kernel launches, not work, on a GPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1000 if self.cuda else end - start
