@@ -25,7 +25,11 @@ import hf_specdec.hub
 REPO = Path(__file__).resolve().parents[1]
 
 
-from training import adapters, distill, losses  # noqa: E402
+from hf_specdec.errors import InputError  # noqa: E402
+from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
+from training import adapters, arguments, checkpoints, distill, evaluate, losses  # noqa: E402
+from training import data as teacher_data  # noqa: E402
+from training import target as deployed  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -122,20 +126,21 @@ def read_log(out: Path) -> list[dict]:
 def trained(world, tmp_path_factory):
     """One short in-process run (on-policy batches included) that pushes to a mocked Hub at the end."""
     out = tmp_path_factory.mktemp("run") / "tiny-drafter"
-    with mock.patch.object(distill, "HfApi") as api:
+    with mock.patch.object(checkpoints, "HfApi") as api:
         summary = run_in_process(cli(world, out, on_policy_ratio=0.5, push_to_hub=True, hub_model_id="someone/tiny-drafter"))
     return {"out": out, "summary": summary, "api": api}
 
 
 # --- data ------------------------------------------------------------------------------------------------------------
 def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
-    args = distill.parse_args(cli(world, trained["out"]))
-    examples = distill.load_examples(args)
+    args = arguments.parse_args(cli(world, trained["out"]))
+    examples, skipped = teacher_data.load_examples(args)
     assert len(examples) == 79 and "c0_0" not in {e["id"] for e in examples}
+    assert skipped == {"dev prompt (excluded)": 1}
     assert world["excluded_prompt"] not in {e["messages"][-1]["content"] for e in examples}
     folder = Path(trained["summary"]["data"]["cache_folder"])
-    train = distill.TeacherData.load(folder / "train.safetensors")
-    held = distill.TeacherData.load(folder / "heldout.safetensors")
+    train = teacher_data.TeacherData.load(folder / "train.safetensors")
+    held = teacher_data.TeacherData.load(folder / "heldout.safetensors")
     train_prompts = {tuple(train.record(i)["tokens"][: train.record(i)["start"]].tolist()) for i in range(len(train))}
     held_prompts = {tuple(held.record(i)["tokens"][: held.record(i)["start"]].tolist()) for i in range(len(held))}
     assert len(held_prompts) == 6 and not held_prompts & train_prompts
@@ -145,7 +150,7 @@ def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
 
 def test_teacher_data_is_the_targets_own(world, trained):
     folder = Path(trained["summary"]["data"]["cache_folder"])
-    train = distill.TeacherData.load(folder / "train.safetensors")
+    train = teacher_data.TeacherData.load(folder / "train.safetensors")
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
     for i in (0, len(train) - 1):  # one self-generated, one scored sequence
         r = train.record(i)
@@ -159,13 +164,13 @@ def test_teacher_data_is_the_targets_own(world, trained):
 
 
 def test_prepared_data_is_reused(world, trained):
-    with mock.patch.object(distill, "self_generate", side_effect=AssertionError("regenerated")):
+    with mock.patch.object(teacher_data, "self_generate", side_effect=AssertionError("regenerated")):
         summary = run_in_process(cli(world, trained["out"].parent / "again", max_steps=1, eval_every=0, save_every=0))
     assert summary["final_step"] == 1
 
 
 # --- losses ----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd"])
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid"])
 def test_divergence_is_zero_when_the_drafter_equals_the_target(kind):
     logits = torch.randn(5, 30) * 3
     lps = logits.log_softmax(-1)
@@ -175,17 +180,17 @@ def test_divergence_is_zero_when_the_drafter_equals_the_target(kind):
     assert float(losses.distill_loss(torch.randn(5, 30), top.indices, top.values, None, kind)) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["fkl", "rkl", "tvd", "jsd", "ce"])
+@pytest.mark.parametrize("kind", list(losses.LOSSES))
 def test_every_loss_decreases_on_a_fixed_batch(world, trained, kind):
-    args = distill.parse_args(cli(world, trained["out"]))
-    target, tokenizer = distill.load_target(args, torch.device("cpu"))
+    args = arguments.parse_args(cli(world, trained["out"]))
+    target, tokenizer = deployed.load_target(args, torch.device("cpu"))
     folder = Path(trained["summary"]["data"]["cache_folder"])
-    train = distill.TeacherData.load(folder / "train.safetensors")
+    train = teacher_data.TeacherData.load(folder / "train.safetensors")
     torch.manual_seed(0)
     adapter, folder = adapters.adapter_for(args.drafter)
     drafter = distill.build_drafter(adapter, folder, args, target, train.target_token_counts(96), [2])
-    batch = distill.collate([train.record(i) for i in range(0, 48, 3)], tokenizer.pad_token_id)
-    cols = distill.column_map(drafter, 96, torch.device("cpu"))
+    batch = teacher_data.collate([train.record(i) for i in range(0, 48, 3)], tokenizer.pad_token_id)
+    cols = evaluate.column_map(drafter, 96, torch.device("cpu"))
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
     history = []
     for _ in range(25):
@@ -195,6 +200,23 @@ def test_every_loss_decreases_on_a_fixed_batch(world, trained, kind):
         optimizer.zero_grad()
         history.append(loss.item())
     assert history[-1] < 0.8 * history[0], history
+
+
+def test_lk_losses_are_minus_log_acceptance_and_its_kl_tv_blend():
+    """alpha = sum min(p, q) = 1 - TV on the K+1 buckets; lk-hybrid weighs KL by exp(-3 alpha) and TV by the rest."""
+    torch.manual_seed(0)
+    target, drafter = torch.randn(4, 30) * 2, torch.randn(4, 30) * 2
+    top = target.log_softmax(-1).topk(6)
+    tv = torch.stack([losses.distill_loss(drafter[i : i + 1], top.indices[i : i + 1], top.values[i : i + 1], None, "tvd")
+                      for i in range(4)])
+    kl = torch.stack([losses.distill_loss(drafter[i : i + 1], top.indices[i : i + 1], top.values[i : i + 1], None, "fkl")
+                      for i in range(4)])
+    alpha = 1 - tv
+    lk = losses.distill_loss(drafter, top.indices, top.values, None, "lk-alpha")
+    torch.testing.assert_close(lk, -alpha.log().mean())
+    weight = torch.exp(-3 * alpha)
+    hybrid = losses.distill_loss(drafter, top.indices, top.values, None, "lk-hybrid")
+    torch.testing.assert_close(hybrid, (weight * kl + (1 - weight) * tv).mean())
 
 
 # --- quantized targets -----------------------------------------------------------------------------------------------
@@ -208,7 +230,7 @@ def test_quantized_targets_train_on_cpu(world, tmp_path, quantization):
     assert_evaluated_speculatively(summary["best"])
     config = json.loads((out / "config.json").read_text())
     assert config["target_quantization"] == quantization
-    target, _ = distill.load_target(distill.parse_args(cli(world, out, target_quantization=quantization)), torch.device("cpu"))
+    target, _ = deployed.load_target(arguments.parse_args(cli(world, out, target_quantization=quantization)), torch.device("cpu"))
     assert "bitsandbytes" in type(target.model.layers[0].mlp.up_proj).__module__
 
 
@@ -405,3 +427,128 @@ def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_traine
     assert isinstance(drafter, BigramTable) and drafter.table.abs().sum() > 0
     with pytest.raises(ValueError, match="neither a kind of drafter to train .*test-bigram"):
         adapters.adapter_for("no-such-kind")
+
+
+# --- bad input and data safety ---------------------------------------------------------------------------------------
+def run_cli(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "training.distill", *map(str, argv)], env=subprocess_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0].startswith("distill: error: ")
+    return lines[0]
+
+
+def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "fine"}\n{"prompt": oops}\n')
+    no_target = tmp_path / "no-such-target"  # loading it would fail: the data error must come first
+    line = one_error_line(run_cli("--data", broken, "--target", no_target, "--output-dir", tmp_path / "out"))
+    assert f"{broken}, line 2: not JSON" in line and "column 12" in line
+    line = one_error_line(run_cli("--data", tmp_path / "missing.jsonl", "--target", no_target, "--output-dir", tmp_path / "out"))
+    assert f"--data {tmp_path / 'missing.jsonl'}: no such file" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-steps", "0"], "--max-steps must be >= 1 (got 0)"),
+    (["--batch-size", "-2", "--top-k", "0"], "--top-k must be >= 1 (got 0); --batch-size must be >= 1 (got -2)"),
+    (["--on-policy-ratio", "1.5"], "--on-policy-ratio must lie in [0, 1]"),
+    (["--resume", "--overwrite"], "pass one"),
+    (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, medusa"),
+])
+def test_bad_arguments_are_input_errors(world, tmp_path, argv, message):
+    with pytest.raises(InputError) as error:
+        distill.main(cli(world, tmp_path / "out") + argv)
+    assert message in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_flag_is_one_line(tmp_path):
+    line = one_error_line(run_cli("--max-stepz", "3", "--output-dir", tmp_path / "out"))
+    assert "unrecognized arguments: --max-stepz 3" in line and "--help" in line
+
+
+def test_unusable_rows_are_counted_per_reason_and_reported(world, tmp_path, capsys):
+    rows = [json.loads(line) for line in world["data"].read_text().splitlines()]
+    rows += [{"id": "x1", "messages": [{"role": "user", "content": "   "}]}, {"id": "x2", "text": "no prompt"},
+             {"id": "x3", "messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}][1:]},
+             {"id": "x4", "messages": "not a list"}, {"id": "x5", "prompt": " ".join(["w5"] * 300)}]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    summary = run_in_process(cli(world, out, data=data, max_steps=1, eval_every=0, save_every=0,
+                                 data_cache_dir=tmp_path / "cache", num_generate=100, num_score=0))
+    skipped = summary["data"]["skipped"]
+    assert skipped == {"dev prompt (excluded)": 1, "empty or non-text prompt": 1, "no messages, conversations or prompt": 1,
+                       "not ending in a user turn": 1, "malformed turns (not a list of objects)": 1,
+                       "prompt over --max-prompt-tokens 256": 1}
+    assert "rows skipped: 1 dev prompt (excluded), 1 empty or non-text prompt" in capsys.readouterr().out
+    assert json.loads((out / "training_summary.json").read_text())["data"]["skipped"] == skipped
+    assert read_log(out)[0]["rows_skipped"] == skipped
+
+
+def test_no_usable_rows_is_an_error_that_says_why(world, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"id": "a", "text": "x"}\n{"id": "c0_0", "prompt": "%s"}\n' % world["excluded_prompt"])
+    with pytest.raises(InputError, match=r"no usable rows \(skipped: 1 dev prompt \(excluded\), 1 no messages"):
+        run_in_process(cli(world, tmp_path / "out", data=data, data_cache_dir=tmp_path / "cache"))
+
+
+def test_resume_refuses_other_arguments_and_a_new_run_refuses_a_used_folder(world, tmp_path):
+    out = tmp_path / "run"
+    run_in_process(cli(world, out, max_steps=3, eval_every=3, save_every=3))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(InputError, match=r"--resume: .* holds a run with other arguments \(--loss 'fkl' -> 'tvd'; "
+                                         r"--seed 0 -> 1\)"):
+        run_in_process(cli(world, out, max_steps=6, eval_every=3, save_every=3, loss="tvd", seed=1) + ["--resume"])
+    with pytest.raises(InputError, match="holds another run or drafter; continue it with --resume, replace it with --overwrite"):
+        run_in_process(cli(world, out, max_steps=3))
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing written or lost
+    summary = run_in_process(cli(world, out, max_steps=6, eval_every=3, save_every=3) + ["--resume"])  # may go longer
+    assert summary["resumed_from"].endswith("step-0000003") and summary["final_step"] == 6
+    summary = run_in_process(cli(world, out, max_steps=2, eval_every=2, save_every=0, loss="tvd") + ["--overwrite"])
+    assert summary["final_step"] == 2 and not (out / "checkpoints" / "step-0000003").exists()
+
+
+def test_a_kill_mid_write_leaves_a_loadable_run(world, tmp_path):
+    """What a kill during a checkpoint, a best-drafter swap or data preparation leaves behind is never read."""
+    out = tmp_path / "run"
+    cache = tmp_path / "cache"
+    run_in_process(cli(world, out, max_steps=3, eval_every=3, save_every=3, data_cache_dir=cache))
+    checkpoint = out / "checkpoints" / "step-0000003"
+    assert (checkpoint / "train_state.json").is_file() and not list(checkpoint.glob("custom_checkpoint_*"))
+    # killed mid-checkpoint at step 6 (a half-written step-N.tmp) and mid-swap of best/ (only best.old left)
+    (out / "checkpoints" / "step-0000006.tmp").mkdir()
+    (out / "checkpoints" / "step-0000006.tmp" / "model.safetensors").write_bytes(b"half")
+    (out / "checkpoints" / "best").rename(out / "checkpoints" / "best.old")
+    (out / RUN_COMPLETE).unlink()
+    assert checkpoints.latest_checkpoint(out) == checkpoint
+    assert checkpoints.best_folder(out) == out / "checkpoints" / "best.old"
+    summary = run_in_process(cli(world, out, max_steps=6, eval_every=3, save_every=3, data_cache_dir=cache) + ["--resume"])
+    assert summary["resumed_from"] == str(checkpoint) and summary["final_step"] == 6
+    assert (out / "checkpoints" / "best" / "config.json").is_file() and (out / RUN_COMPLETE).is_file()
+    # killed mid-preparation: a half shard under its temporary name, no meta.json: the data is made again
+    args = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache2"))
+    folder = tmp_path / "cache2" / teacher_data.data_cache_key(args)
+    folder.mkdir(parents=True)
+    (folder / "shard-0.pt.tmp").write_bytes(b"half")
+    summary = run_in_process(cli(world, tmp_path / "prep", data_cache_dir=tmp_path / "cache2", prepare_only=True))
+    assert (folder / "meta.json").is_file() and summary["data"]["train_records"] > 0
+    assert not list(folder.glob("shard-*"))
+
+
+def test_a_time_budget_stops_cleanly_and_resume_ends_like_an_uninterrupted_run(world, tmp_path):
+    straight = run_in_process(cli(world, tmp_path / "straight", max_steps=8, eval_every=4, save_every=0))
+    out = tmp_path / "budget"
+    with mock.patch.object(distill.time, "perf_counter", side_effect=lambda c=iter(range(0, 10**9, 400)): float(next(c))):
+        stopped = run_in_process(cli(world, out, max_steps=8, eval_every=4, save_every=0, time_budget=0.5))
+    assert stopped["stopped_by_time_budget"] and 0 < stopped["final_step"] < 8
+    assert checkpoints.latest_checkpoint(out).name == f"step-{stopped['final_step']:07d}"
+    assert any(r["event"] == "time budget" for r in read_log(out))
+    resumed = run_in_process(cli(world, out, max_steps=8, eval_every=4, save_every=0) + ["--resume"])
+    assert resumed["final_step"] == 8 and not resumed["stopped_by_time_budget"]
+    assert resumed["final_loss"] == pytest.approx(straight["final_loss"], rel=1e-4)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from hf_specdec.errors import InputError
 from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of
 from hf_specdec.models.medusa import MedusaConfig
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
@@ -47,11 +48,11 @@ def adapter_for(drafter: str) -> tuple["Adapter", str | None]:
         return load_adapter(kinds[name]), None
     config_file = Path(drafter) / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"--drafter {drafter!r} is neither a kind of drafter to train ({', '.join(['new'] + new_kinds)}) "
+        raise InputError(f"--drafter {drafter!r} is neither a kind of drafter to train ({', '.join(['new'] + new_kinds)}) "
                          "nor a folder holding a drafter (config.json) to continue from.")
     kind = kind_of(json.loads(config_file.read_text()))
     if kind is None or not kind.training:
-        raise ValueError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
+        raise InputError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
                          f"({', '.join(kinds)}).")
     return load_adapter(kind), drafter
 

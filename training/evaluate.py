@@ -1,0 +1,80 @@
+"""Evaluation through the REAL decoding loop (`speculative_generate`, greedy, k drafts, held-out prompts), and the
+teacher-forced top-1 agreement beside it."""
+
+from __future__ import annotations
+
+import torch
+
+import hf_specdec
+
+from .adapters import Adapter, unwrap_drafter
+from .arguments import Args
+from .data import TeacherData, collate
+from .target import greedy_generation_config
+
+
+def column_map(model, vocab_size: int, device) -> torch.Tensor | None:
+    """token id -> column of the drafter's logits (-1: outside the draft vocabulary); None when columns are ids."""
+    draft_vocab = getattr(unwrap_drafter(model), "draft_vocab", None)
+    if draft_vocab is None:
+        return None
+    cols = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    cols[draft_vocab] = torch.arange(len(draft_vocab), device=device)
+    return cols
+
+
+def top1_hits(logits: torch.Tensor, tgt_ids: torch.Tensor, model) -> tuple[int, int]:
+    """(drafter argmax == target argmax, tokens)."""
+    pred = logits.argmax(-1)
+    draft_vocab = getattr(unwrap_drafter(model), "draft_vocab", None)
+    if draft_vocab is not None:
+        pred = draft_vocab[pred]
+    return int((pred == tgt_ids[:, 0]).sum()), len(pred)
+
+
+@torch.no_grad()
+def evaluate(accelerator, adapter: Adapter, model, target, tokenizer, heldout: TeacherData, args: Args) -> dict:
+    """Held-out top-1 agreement (teacher-forced) and speculative decoding (greedy, k drafts) against the target."""
+    inner = unwrap_drafter(model)
+    was_training = inner.training
+    inner.eval()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    k = args.num_draft_tokens
+    mine = list(range(len(heldout)))[rank::world]
+    hits = total = 0
+    for b in range(0, len(mine), args.batch_size):
+        batch = collate([heldout.record(i) for i in mine[b : b + args.batch_size]], tokenizer.pad_token_id)
+        batch = {key: v.to(accelerator.device) for key, v in batch.items()}
+        h, n = top1_hits(*adapter.logits(inner, batch), inner)
+        hits, total = hits + h, total + n
+    stats = hf_specdec.SpeculationStats()
+    config = greedy_generation_config(target, args.eval_max_new_tokens, tokenizer.pad_token_id)
+    n_prompts = min(len(heldout), args.eval_prompts or len(heldout))
+    for i in list(range(n_prompts))[rank::world]:
+        r = heldout.record(i)
+        prompt = r["tokens"][None, : r["start"]].long().to(accelerator.device)
+        target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
+                        custom_generate=hf_specdec.speculative_generate, assistant=inner, num_draft_tokens=k,
+                        speculation_stats=stats)
+    inner.train(was_training)
+    by_pos = lambda xs: [(xs[i] if i < len(xs) else 0) for i in range(k)]  # noqa: E731
+    local = torch.tensor([hits, total, stats.target_forwards, stats.emitted_tokens, stats.drafted_tokens,
+                          stats.accepted_tokens, *by_pos(stats.drafted_by_position), *by_pos(stats.accepted_by_position),
+                          stats.draft_seconds, stats.target_seconds], dtype=torch.float64)
+    tot = accelerator.reduce(local.to(accelerator.device), reduction="sum").cpu().tolist()
+    drafted, accepted = tot[6 : 6 + k], tot[6 + k : 6 + 2 * k]
+    return {
+        "mean_accepted_tokens": tot[3] / max(tot[2], 1),
+        "acceptance_rate": tot[5] / max(tot[4], 1),
+        "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+        "heldout_top1": tot[0] / max(tot[1], 1),
+        "num_draft_tokens": k,
+        "eval_prompts": n_prompts,
+        "eval_max_new_tokens": args.eval_max_new_tokens,
+        "target_forwards": int(tot[2]),
+        "emitted_tokens": int(tot[3]),
+        "drafted_tokens": int(tot[4]),
+        "accepted_tokens": int(tot[5]),
+        "draft_ms_per_token": 1000 * tot[-2] / max(tot[4], 1),
+        "target_ms_per_forward": 1000 * tot[-1] / max(tot[2], 1),
+    }
