@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import shutil
 from pathlib import Path
 
+import torch
 from huggingface_hub import HfApi
 
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
@@ -44,24 +46,57 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(accelerator, state: TrainState, output_dir: Path, keep: int) -> None:
-    """`accelerate` state (model, optimizer, RNG of every process) and the TrainState (with the LR schedule), written to a
-    temporary folder and renamed when complete, so a run killed mid-save resumes from the previous checkpoint."""
+def save_checkpoint(accelerator, model, optimizer, state: TrainState, output_dir: Path, keep: int) -> None:
+    """Everything `--resume` needs, with nothing pickled: the drafter's weights (safetensors), the optimizer's state
+    (tensors and numbers, read back with weights_only=True), every process's RNG (safetensors + JSON) and the TrainState
+    (JSON, with the LR schedule); written to a temporary folder and renamed when complete, so a run killed mid-save
+    resumes from the previous checkpoint."""
+    from safetensors.torch import save_file
+
     final = output_dir / "checkpoints" / f"step-{state.step:07d}"
     tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
+    if accelerator.is_main_process:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    rank = accelerator.process_index
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, str(tmp / f"rng-{rank}.safetensors"))
+    (tmp / f"rng-{rank}.json").write_text(json.dumps(random.getstate()))
+    if accelerator.is_main_process:
+        weights = accelerator.unwrap_model(model).state_dict()
+        save_file({name: tensor.detach().clone().contiguous() for name, tensor in weights.items()}, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        state.save(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        state.save(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         for old in sorted(final.parent.glob("step-*[0-9]"))[:-keep] if keep > 0 else []:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
+
+
+def load_checkpoint(accelerator, model, optimizer, state: TrainState, folder: Path) -> None:
+    """The inverse of `save_checkpoint`, reading no pickle (a process whose RNG file is missing, as after a change in
+    the number of processes, keeps its seeded RNG)."""
+    from safetensors.torch import load_file
+
+    accelerator.unwrap_model(model).load_state_dict(load_file(str(folder / "model.safetensors")))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=accelerator.device))
+    state.load(folder)
+    rank = accelerator.process_index
+    if (folder / f"rng-{rank}.safetensors").is_file():
+        rng = load_file(str(folder / f"rng-{rank}.safetensors"))
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        version, internal, gauss = json.loads((folder / f"rng-{rank}.json").read_text())
+        random.setstate((version, tuple(internal), gauss))
 
 
 def best_folder(output_dir: Path) -> Path | None:

@@ -46,8 +46,8 @@ from hf_specdec.hub.push import RUN_COMPLETE
 
 from .adapters import Adapter, adapter_for, unwrap_drafter
 from .arguments import Args, check_output_dir, parse_args, run_args_path
-from .checkpoints import (TrainState, best_folder, data_description, latest_checkpoint, publish_drafter, push_to_hub,
-                          save_checkpoint, save_drafter, training_command)
+from .checkpoints import (TrainState, best_folder, data_description, latest_checkpoint, load_checkpoint, publish_drafter,
+                          push_to_hub, save_checkpoint, save_drafter, training_command)
 from .data import TeacherData, attach_target_features, check_data, collate, on_policy_records, prepare_data, write_atomically
 from .evaluate import column_map, evaluate, top1_hits
 from .target import eos_ids, load_target, target_folder, target_id
@@ -191,8 +191,7 @@ def main(argv=None) -> dict:
         if found is None:
             log({"event": "resume", "note": "no checkpoint found; starting from scratch"})
         else:
-            accelerator.load_state(str(found))
-            state.load(found)
+            load_checkpoint(accelerator, model, optimizer, state, found)
             scheduler.load_state_dict(state.scheduler)
             resumed_from = str(found)
             saved_best = best_folder(output_dir)  # an eval after the checkpoint may have saved a better drafter
@@ -279,7 +278,7 @@ def main(argv=None) -> dict:
         out_of_time = args.time_budget > 0 and time.perf_counter() - t0 > 3600 * args.time_budget
         out_of_time = bool(accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum") > 0)
         if (args.save_every > 0 and state.step % args.save_every == 0) or (out_of_time and state.step < args.max_steps):
-            save_checkpoint(accelerator, state, output_dir, args.keep_checkpoints)
+            save_checkpoint(accelerator, model, optimizer, state, output_dir, args.keep_checkpoints)
         if out_of_time and state.step < args.max_steps:
             log({"event": "time budget", "step": state.step, "hours": args.time_budget, "note": "resume with --resume"})
             break
