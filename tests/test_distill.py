@@ -570,3 +570,32 @@ def test_bf16_runs_the_target_in_bf16_and_the_drafter_in_mixed_precision(world, 
     assert teacher_data.data_cache_key(fp32) != Path(summary["data"]["cache_folder"]).name  # its own teacher data
     target, _ = deployed.load_target(arguments.parse_args(cli(world, out, dtype="bfloat16")), torch.device("cpu"))
     assert target.dtype == torch.bfloat16
+
+
+def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_path):
+    """Teacher data is made in parts saved as they are done: after a kill, the next run makes only the missing parts
+    and ends with exactly the data an uninterrupted preparation makes."""
+    common = dict(prepare_only=True, num_generate=24, num_score=0, prepare_part_size=8)
+    whole = run_in_process(cli(world, tmp_path / "a", data_cache_dir=tmp_path / "whole", **common))
+    made, original = [], teacher_data.self_generate
+
+    def killed_after_two_parts(target, tokenizer, prompts, *rest):
+        if len(made) == 2 and len(prompts) == 8:
+            raise KeyboardInterrupt  # the kill
+        made.append(len(prompts))
+        return original(target, tokenizer, prompts, *rest)
+
+    with mock.patch.object(teacher_data, "self_generate", side_effect=killed_after_two_parts):
+        with pytest.raises(KeyboardInterrupt):
+            run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "parts", **common))
+    folder = next((tmp_path / "parts").iterdir())
+    assert sorted(p.name for p in folder.glob("gen-*")) == ["gen-0-part-00000-of-8.pt", "gen-0-part-00001-of-8.pt"]
+    assert not (folder / "meta.json").exists()
+    made.clear()
+    with mock.patch.object(teacher_data, "self_generate", side_effect=lambda *a: made.append(len(a[2])) or original(*a)):
+        resumed = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "parts", **common))
+    assert made == [8, 6]  # the third part of the 24 prompts, then the held-out prompts: nothing made twice
+    assert not list(folder.glob("*part*"))  # merged, then the parts removed
+    a = teacher_data.TeacherData.load(Path(whole["data"]["cache_folder"]) / "train.safetensors")
+    b = teacher_data.TeacherData.load(Path(resumed["data"]["cache_folder"]) / "train.safetensors")
+    assert a.t.keys() == b.t.keys() and all(torch.equal(a.t[k], b.t[k]) for k in a.t)

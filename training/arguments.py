@@ -54,6 +54,7 @@ class Args:
     score_batch_size: int = 8
     data_cache_dir: str = field(default="", metadata={"help": "default: <hf_specdec cache>/distill-data"})
     extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
+    prepare_part_size: int = field(default=256, metadata={"help": "prompts (or texts) per saved part of the teacher data: a killed preparation continues from its last complete part"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
     loss: Literal[LOSSES] = field(default="fkl", metadata={"help": "fkl, rkl, tvd, jsd: divergences to the target's top-K distribution; lk-alpha: -log(acceptance); lk-hybrid: KL blended into TV as acceptance grows (the LK losses); ce: cross-entropy on the target's token"})
@@ -94,7 +95,7 @@ class ArgumentParser(HfArgumentParser):
         self.exit(2, f"distill: error: {message} (see `python -m training.distill --help`)\n")
 
 
-POSITIVE = ("medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
+POSITIVE = ("prepare_part_size", "medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
             "max_seq_len", "top_k", "gen_batch_size", "score_batch_size", "on_policy_max_new_tokens", "max_steps",
             "batch_size", "eval_max_new_tokens", "num_draft_tokens", "log_every", "medusa_positions")
 
@@ -106,7 +107,7 @@ NON_NEGATIVE = ("time_budget", "drafter_intermediate_size", "draft_vocab_size", 
 #: what a resumed run may change: when it stops, how it reports and saves; anything else changes the result
 RESUMABLE_CHANGES = ("tf32", "time_budget", "max_steps", "eval_every", "eval_prompts", "eval_max_new_tokens",
                      "num_draft_tokens", "log_every", "save_every", "keep_checkpoints", "threads", "gen_batch_size", "score_batch_size", "data_cache_dir",
-                     "resume", "overwrite", "prepare_only", "push_to_hub", "hub_model_id", "hub_private", "license")
+                     "resume", "overwrite", "prepare_only", "prepare_part_size", "push_to_hub", "hub_model_id", "hub_private", "license")
 
 
 def parse_args(argv=None) -> Args:

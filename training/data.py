@@ -390,6 +390,25 @@ def data_cache_key(args: Args) -> str:
     return f"{name}-{args.target_quantization}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
 
 
+def in_parts(stem: Path, items: list, size: int, make) -> tuple[list[dict], dict]:
+    """`make(items)` -> (records, stats), in parts of `size` items, each saved (atomically) as STEM-part-N-of-SIZE.pt as it
+    is done: a run killed mid-preparation continues from its last complete part. The items are a fixed function of
+    the arguments, so a part on disk is the part this run would make."""
+    records, totals = [], Counter()
+    for number, start in enumerate(range(0, len(items), size)):
+        path = stem.with_name(f"{stem.name}-part-{number:05d}-of-{size}.pt")  # (the size decides what a part holds)
+        if path.is_file():
+            part = torch.load(path, weights_only=True)
+        else:
+            made, stats = make(items[start : start + size])
+            part = {"records": made, "stats": stats, "items": len(items[start : start + size])}
+            torch.save(part, path.with_name(path.name + ".tmp"))
+            os.replace(path.with_name(path.name + ".tmp"), path)
+        records += part["records"]
+        totals.update(part["stats"])
+    return records, dict(totals)
+
+
 def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherData, TeacherData]:
     """Build (once; cached on disk) the training and held-out teacher data. Every process takes a share of the prompts;
     the main process merges the shares; every process then reads the merged files."""
@@ -434,12 +453,14 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
             print(f"[distill] preparing teacher data in {folder}: {len(gen)} prompts to answer, {len(scored)} texts to "
                   f"score, {len(heldout)} held-out prompts, {world} process(es); rows skipped: "
                   f"{describe_skips(skipped) or 'none'}", flush=True)
-        gen_records, gen_stats = self_generate(target, tokenizer, mine([p for _, p, _ in gen]), args, 0, show)
-        score_records, score_stats = score_sequences(target, mine(scored), args.top_k, tokenizer.pad_token_id,
-                                                     args.score_batch_size, 1, show)
+        folder.mkdir(parents=True, exist_ok=True)
+        gen_records, gen_stats = in_parts(folder / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
+                                          lambda part: self_generate(target, tokenizer, part, args, 0, show))
+        score_records, score_stats = in_parts(folder / f"score-{rank}", mine(scored), args.prepare_part_size,
+                                              lambda part: score_sequences(target, part, args.top_k, tokenizer.pad_token_id,
+                                                                           args.score_batch_size, 1, show))
         held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, 0, show)
         shard = folder / f"shard-{rank}.pt"
-        folder.mkdir(parents=True, exist_ok=True)
         torch.save({"gen": gen_records, "score": score_records, "held": held_records, "gen_stats": gen_stats,
                     "score_stats": score_stats, "heldout_ids": [ex["id"] for ex, _, _ in heldout]},
                    shard.with_name(shard.name + ".tmp"))
@@ -456,7 +477,7 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
                 return out
 
             stats = {
-                "self_generation": {k: sum(s["gen_stats"][k] for s in shards) for k in ("tokens", "seconds")},
+                "self_generation": {k: sum(s["gen_stats"].get(k, 0) for s in shards) for k in ("tokens", "seconds")},
                 "scoring": {k: sum(s["score_stats"].get(k, 0) for s in shards) for k in ("tokens", "forward_tokens", "seconds")},
             }
             for s in stats.values():
@@ -472,8 +493,8 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
                         heldout_records=len(held))
             meta["skipped"] = skipped
             write_atomically(done, json.dumps(meta, indent=2))
-            for r in range(world):
-                (folder / f"shard-{r}.pt").unlink()
+            for leftover in [*folder.glob("shard-*.pt"), *folder.glob("gen-*-part-*.pt"), *folder.glob("score-*-part-*.pt")]:
+                leftover.unlink()
             print(f"[distill] teacher data ready: {json.dumps(meta['throughput'])}", flush=True)
     accelerator.wait_for_everyone()
     meta = json.loads(done.read_text())
