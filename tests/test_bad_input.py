@@ -136,3 +136,24 @@ def test_encoder_decoder_target():
         assert t5.generate(PROMPT, max_new_tokens=5).shape[1] <= 6  # plain generate still works
     finally:
         hf_specdec.disable(t5)
+
+
+@pytest.mark.parametrize("kind", ["medusa tree", "token recycling"])
+def test_trees_refuse_flash_attention_before_any_forward(kind):
+    """Tree verification needs a 4-D attention mask, which flash attention does not take: refused before any work."""
+    from hf_specdec import MedusaConfig, MedusaHeads
+    from hf_specdec.diagnostics import count_forwards
+    from hf_specdec.drafters import MedusaDrafter, RecycleDrafter
+
+    target = tiny_llama()
+    drafter = (MedusaDrafter(MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).bind_target(target),
+                             tree=[[0], [1], [0, 0]]) if kind == "medusa tree" else RecycleDrafter())
+    target.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="needs a 4-D attention mask; attn_implementation='flash_attention_2' takes "
+                                             "none. Load the target with attn_implementation='sdpa'"):
+            count_forwards(target, lambda: spec(target, drafter))
+        assert count_forwards(target, lambda: pytest.raises(ValueError, spec, target, drafter)) == 0
+    finally:
+        target.config._attn_implementation = "sdpa"
+    still_works(target, drafter)

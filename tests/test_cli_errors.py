@@ -181,3 +181,34 @@ def test_the_installed_command_exits_2_with_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"hf-specdec: error: --prompts {tmp_path / 'missing.jsonl'}: no such file; pass a JSON-lines file (one JSON "
         "object per line)."]
+
+
+def test_a_device_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, no_model_loads):
+    path = prompts_file(tmp_path, '{"prompt": "hi"}')
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        assert main(["bench", "--assistant", "ngram", "--prompts", str(path), "--device", "cuda:1"]) == 2
+    assert "--device cuda:1: this machine has 0 CUDA device(s); pass --device cpu" in error_line(capsys)
+    assert main(["bench", "--assistant", "ngram", "--prompts", str(path), "--device", "toaster"]) == 2
+    assert "--device 'toaster' is not a device" in error_line(capsys)
+    assert main(["bench", "--assistant", "ngram", "--prompts", str(path), "--device", "cpu", "--device-map", "auto"]) == 2
+    assert "pass --device or --device-map, not both" in error_line(capsys)
+
+
+@pytest.mark.parametrize("flags, dtype", [([], "float32"), (["--dtype", "bfloat16"], "bfloat16"),
+                                          (["--dtype", "float16", "--device-map", "cpu"], "float16")])
+def test_dtype_and_device_map_reach_the_target(tmp_path, flags, dtype):
+    import argparse
+
+    import torch
+
+    from hf_specdec.cli import load_target_from
+
+    folder = tmp_path / "target"
+    tiny_llama().save_pretrained(folder)
+    tiny_char_tokenizer().save_pretrained(folder)
+    parser = argparse.ArgumentParser()
+    from hf_specdec.cli import _target_flags
+
+    _target_flags(parser)
+    target, _ = load_target_from(parser.parse_args(flags), str(folder))
+    assert target.dtype == getattr(torch, dtype) and target.device.type == "cpu"
