@@ -47,18 +47,14 @@ def default_target_folder() -> Path:
     return cache_dir() / DEFAULT_TARGET_NAME
 
 
-def load_default_target(dtype=None, **kwargs):
-    """Return `(model, tokenizer)` for the embedded SmolLM2-135M-Instruct, from the safetensors cache when present."""
+def default_target_files() -> Path:
+    """The safetensors folder of the embedded SmolLM2-135M-Instruct, written from the GGUF on first use."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = dtype or torch.float32
     folder = default_target_folder()
     if (folder / "model.safetensors").exists() and (folder / "tokenizer_config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        return model.eval(), tokenizer
-
+        return folder
     gguf = default_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -74,9 +70,18 @@ def load_default_target(dtype=None, **kwargs):
 
         shutil.rmtree(folder)
     tmp.rename(folder)
-    if dtype != torch.float32 or kwargs:
-        return load_default_target(dtype=dtype, **kwargs)
-    return model.eval(), tokenizer
+    return folder
+
+
+def load_default_target(dtype=None, **kwargs):
+    """Return `(model, tokenizer)` for the embedded SmolLM2-135M-Instruct, from the safetensors cache (written from the
+    GGUF on first use)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = default_target_files()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, **kwargs)
+    return model.eval(), AutoTokenizer.from_pretrained(folder)
 
 
 def is_default_target(model) -> bool:
@@ -112,8 +117,7 @@ def load_target(name_or_path: str | None = "default", quantization: str = "none"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name_or_path in DEFAULT_NAMES:
-        load_default_target()  # writes the safetensors copy on first use
-        name_or_path = str(default_target_folder())
+        name_or_path = str(default_target_files())  # written from the GGUF on first use
     elif not Path(name_or_path).exists() and str(name_or_path).count("/") != 1:
         raise InputError(f"Unknown target {name_or_path!r}: not a folder or a Hub id ('owner/name'); pass 'default' "
                          "(the embedded SmolLM2), a model folder or a Hub id.")
