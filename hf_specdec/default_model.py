@@ -138,8 +138,3 @@ def load_target(name_or_path: str | None = "default", quantization: str = "none"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def resolve_target(name_or_path: str | None, **kwargs):
-    """`None`/`"default"` -> the embedded SmolLM2; anything else -> `from_pretrained(name_or_path)` (see `load_target`)."""
-    return load_target(name_or_path, **kwargs)

@@ -29,6 +29,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.bench import synchronize
 from hf_specdec.diagnostics import count_forwards, count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 
@@ -60,20 +61,15 @@ def twin(target):
     return drafter
 
 
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device, repeats: int) -> float:
     """Median seconds of `fn` (after one warm-up), waiting for the device around each call."""
     fn()
     times = []
     for _ in range(repeats):
-        sync(device)
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -12,7 +12,7 @@ import fnmatch
 import json
 from pathlib import Path
 
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .bundle import CUSTOM_GENERATE_DIR
@@ -71,19 +71,13 @@ def push_folder(folder, repo_id: str, *, private: bool = False, api: HfApi | Non
     """
     folder = check_pushable(folder, repo_id)
     api = api or HfApi()
-    if api.token is None and _known_token() is None:
+    if api.token is None and get_token() is None:
         raise InputError("No Hugging Face token: run `hf auth login` (or set HF_TOKEN) and push again.")
     url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
     api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
                       allow_patterns=files_to_upload(folder), delete_patterns=["*"],  # stale files of earlier pushes
                       commit_message=commit_message)
     return str(url)
-
-
-def _known_token():
-    from huggingface_hub import get_token
-
-    return get_token()
 
 
 __all__ = ["push_folder", "files_to_upload", "check_pushable", "COMMIT_MESSAGE", "RUN_COMPLETE", "UPLOADED"]
