@@ -10,6 +10,7 @@ from .generation.loop import speculative_generate
 from .generation.stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .integrations.enable import disable, enable
 from .kinds import DrafterKind, register_drafter_kind
+from .models.eagle3 import Eagle3Config, Eagle3DraftModel
 from .models.medusa import MedusaConfig, MedusaHeads
 from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
 from . import hub  # noqa: F401  (its save hook writes custom_generate/ into every saved drafter)
@@ -29,6 +30,8 @@ __all__ = [
     "load_default_target",
     "SpecDrafterConfig",
     "SpecDrafterForCausalLM",
+    "Eagle3Config",
+    "Eagle3DraftModel",
     "MedusaConfig",
     "MedusaHeads",
     "AutoDrafter",

@@ -28,7 +28,9 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle import EagleDrafter
+from .drafters.eagle3 import Eagle3Drafter
 from .drafters.medusa import MedusaDrafter
+from .models.eagle3 import Eagle3Config, Eagle3DraftModel
 from .models.medusa import MedusaConfig, MedusaHeads
 from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
 
@@ -109,6 +111,9 @@ register_drafter_kind(DrafterKind(
     "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter,
     matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": "hf_specdec.serving:export_vllm_eagle"},
     training="training.adapters:EagleDrafter", description="an EAGLE-style drafter reading the target's hidden states"))
+register_drafter_kind(DrafterKind(
+    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, exporters={"vllm-eagle3": "hf_specdec.serving:export_vllm_eagle3"},
+    training="training.adapters:Eagle3", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
 register_drafter_kind(DrafterKind(
     "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": "hf_specdec.serving:export_vllm_medusa"},
     training="training.adapters:MedusaHeads", description="Medusa heads on the target's final hidden state"))

@@ -16,7 +16,8 @@ import torch
 from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.cache.hidden import final_norm
+from hf_specdec.cache.hidden import decoder_layers, final_norm
+from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
 
 
 def assert_speculated(stats, *, depth: int = 1, rejected: bool = True, rows: int = 0, uneven: bool = False,
@@ -145,6 +146,45 @@ def fitted_heads(target, prompts, num_heads: int = 3, ridge: float = 1e-3, sharp
     return heads
 
 
+@torch.no_grad()
+def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: float = 1e-3, sharpness: float = 8.0,
+                  fc_scale: float = 0.5, seed: int = 0, **generate_kwargs) -> Eagle3DraftModel:
+    """An EAGLE-3-style drafter with a random layer and a loud `fc` (its drafts depend on the target states it gets),
+    whose LM head is fitted by least squares to the token after each position of the target's continuations of
+    `prompts` (greedy, 40 tokens unless `generate_kwargs` say otherwise), fed as decoding feeds it: right often, wrong
+    often, at the first draft and (less) at the later ones, where it reads its own states. `draft_vocab`: the target
+    ids it may propose (default: all)."""
+    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
+    torch.manual_seed(seed)
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids, initializer_range=0.3)
+    drafter = Eagle3DraftModel(config).eval()  # (a loud layer: what it drafts second differs from what it drafts first)
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
+    drafter.fc.weight.normal_(0, fc_scale)
+    drafter.bind_target(target)
+    modules = [decoder_layers(target)[i - 1] for i in drafter.config.target_layer_ids]
+    inputs, nexts = [], []
+    for prompt in prompts:
+        seq = target.generate(prompt, **generate_kwargs)
+        captured = [None] * len(modules)
+        hooks = [m.register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+                 for i, m in enumerate(modules)]
+        target(seq)
+        for hook in hooks:
+            hook.remove()
+        states = drafter.fuse(torch.cat(captured, dim=-1))
+        shifted = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # position j reads the state at j - 1
+        out = drafter(input_ids=seq, target_features=shifted, use_cache=False).hidden_states[0]
+        inputs.append(drafter.norm(out[0, :-1]))
+        nexts.append(seq[0, 1:])
+    x = torch.cat(inputs)
+    onehot = torch.nn.functional.one_hot(torch.cat(nexts), drafter.config.vocab_size).float()[:, drafter.draft_vocab]
+    gram = x.T @ x + ridge * torch.eye(x.shape[1])
+    drafter.lm_head.weight.copy_(sharpness * torch.linalg.solve(gram, x.T @ onehot).T)
+    return drafter
+
+
 def lie_about_second_q(drafter):
     """A negative control: `drafter` now reports its FIRST draft's distribution for its second draft as well, so that
     a rule trusting the reported q accepts second drafts with the wrong probability (nothing else changes)."""
@@ -161,4 +201,4 @@ def lie_about_second_q(drafter):
 
 
 __all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "quiet_last_layer", "agreeing_eagle", "fitted_heads",
-           "lie_about_second_q"]
+           "fitted_eagle3", "lie_about_second_q"]

@@ -21,9 +21,9 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM, T5Config
 
 import hf_specdec
-from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpecDrafterForCausalLM
+from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, MedusaConfig, MedusaHeads, SpecDrafterForCausalLM
 from hf_specdec.cli import main as cli
-from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from hf_specdec.drafters import DraftModelDrafter, Eagle3Drafter, EagleDrafter, MedusaDrafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
 from hf_specdec.models.spec_drafter import drafter_config_from_target
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPEC_KINDS = ("agreeing", "reduced", "eagle")
 MEDUSA_KINDS = ("medusa", "medusa-reduced", "medusa-own")
-KINDS = (*SPEC_KINDS, "plain", *MEDUSA_KINDS)
+KINDS = (*SPEC_KINDS, "plain", *MEDUSA_KINDS, "eagle3")
 
 
 def make_drafter(target, kind: str):
@@ -43,6 +43,11 @@ def make_drafter(target, kind: str):
     if kind == "plain":
         return tiny_llama(layers=1, seed=2)
     torch.manual_seed(3)
+    if kind == "eagle3":  # random, 48-token draft vocabulary, the target's layers entering 2, 1 and 1
+        drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=48,
+                                                            target_name_or_path="someone/target"))
+        drafter.set_draft_vocab(torch.randperm(VOCAB)[:48], target)
+        return drafter
     if kind in MEDUSA_KINDS:
         config = MedusaConfig.from_target(target.config, num_heads=3, num_layers=2, share_lm_head=kind != "medusa-own",
                                           draft_vocab_size=48 if kind == "medusa-reduced" else 0,
@@ -106,7 +111,10 @@ def test_auto_drafter_loads_each_kind_as_it_was_saved(world, kind):
         assert not drafter.config.share_lm_head or drafter.lm_head.link.target is target
     assert drafter.state_dict().keys() == saved.keys()
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in saved.items())
-    expected = {"eagle": EagleDrafter, **dict.fromkeys(MEDUSA_KINDS, MedusaDrafter)}.get(kind, DraftModelDrafter)
+    if kind == "eagle3":
+        assert drafter.is_bound and torch.equal(drafter.draft_vocab, original.draft_vocab)
+    expected = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter, **dict.fromkeys(MEDUSA_KINDS, MedusaDrafter)}.get(
+        kind, DraftModelDrafter)
     assert isinstance(hf_specdec.as_drafter(drafter), expected)
     # Medusa heads: the default tree (as_drafter) and the top-1 chain
     for assistant in [drafter, *([MedusaDrafter(drafter, tree="chain")] if kind in MEDUSA_KINDS else [])]:
@@ -389,6 +397,35 @@ def test_export_vllm_eagle_matches_vllms_eagle_loader(world, tmp_path):
     drafter = AutoDrafter.from_pretrained(world["eagle"])
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert torch.equal(f.get_tensor("fc.weight").float(), drafter.model.fuse.weight)
+
+
+def test_export_vllm_eagle3_matches_vllms_eagle3_loader(world, tmp_path):
+    out = tmp_path / "vllm-eagle3"
+    assert cli(["export", str(world["eagle3"]), "--format", "vllm-eagle3", "--target", str(world["target_folder"]),
+                "--out", str(out)]) == 0
+    # vLLM's EAGLE-3 Llama drafter (vllm/model_executor/models/llama_eagle3.py, Eagle3LlamaForCausalLM; the registry
+    # maps LlamaForCausalLMEagle3 to it): config draft_vocab_size, target_hidden_size (fc reads 3x it) and
+    # eagle_aux_hidden_state_layer_ids; load_weights skips t2d, renames d2t (int64, target = row + d2t[row]), keeps
+    # lm_head [draft vocab, hidden], prefixes the rest with "model." and renames midlayer. to layers.0. (q/k/v read
+    # 2 x hidden there); embed_tokens may be absent (shared with the target). Draft logits go into a -inf full-vocab
+    # row at arange + d2t.
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
+    assert (config["vocab_size"], config["draft_vocab_size"], config["hidden_size"]) == (VOCAB, 48, 48)
+    assert config["num_hidden_layers"] == 1 and config["target_hidden_size"] == 48
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 1] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    expected = {"fc.weight": (48, 144), "norm.weight": (48,), "lm_head.weight": (48, 48), "d2t": (48,), "t2d": (VOCAB,),
+                **{k.replace("layers.0.", "midlayer."): v for k, v in llama_layer_shapes("", [0]).items()},
+                "midlayer.hidden_norm.weight": (48,)}
+    for name, rows in (("q_proj", 48), ("k_proj", 24), ("v_proj", 24)):
+        expected[f"midlayer.self_attn.{name}.weight"] = (rows, 96)
+    assert tensor_shapes(out / "model.safetensors") == expected
+    drafter = AutoDrafter.from_pretrained(world["eagle3"])
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+        assert torch.equal(torch.arange(48) + d2t, drafter.draft_vocab) and torch.equal(t2d.nonzero()[:, 0], drafter.draft_vocab)
+        assert torch.equal(f.get_tensor("lm_head.weight").float(), drafter.lm_head.weight)
 
 
 def test_export_refuses_the_wrong_format(world, tmp_path):

@@ -4,6 +4,7 @@ from .base import CandidateGeneratorDrafter, Draft, Drafter, DraftSettings, Sequ
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
+from .eagle3 import Eagle3Drafter
 from .fallback import FallbackDrafter
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
@@ -22,6 +23,7 @@ __all__ = [
     "NgramDrafter",
     "SelfSpeculativeDrafter",
     "EagleDrafter",
+    "Eagle3Drafter",
     "MedusaDrafter",
     "FallbackDrafter",
     "PerRowDrafter",

@@ -39,9 +39,17 @@ class EagleDrafter(Drafter):
         super().start(target, seqs, settings)
         check_device(self.model, target.model, "drafter")
         self.model.bind_target(target.model)
-        self.target_features = TargetFeatures(target, [final_norm(target.model)], seqs.size)
+        self.target_features = TargetFeatures(target, self.feature_modules(target.model), seqs.size)
         self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
         self.fed = [0] * seqs.size  # per row: real tokens whose (token, target feature) pair is in the cache
+
+    def feature_modules(self, target) -> list:
+        """The target modules whose outputs the drafter reads: the final norm's (the LM head's input)."""
+        return [final_norm(target)]
+
+    def input_features(self, features: torch.Tensor) -> torch.Tensor:
+        """What the drafter is fed for the target's recorded features (EAGLE-3 fuses several layers' states)."""
+        return features
 
     @property
     def features(self) -> list[torch.Tensor]:
@@ -61,17 +69,16 @@ class EagleDrafter(Drafter):
         if not self.target_features.ready(seqs):
             return Draft.empty(batch, self.model.device)  # first step: the target has not produced features yet
         # 1. Catch up: feed each row's new tokens with the target's features of the positions before them.
-        hidden_size = self.model.config.hidden_size
         todo, feats = [], []
         for b in range(batch):
             row, features = seqs.ids(b), self.features[b]
-            shifted = torch.cat([features.new_zeros(1, hidden_size), features])  # position j reads f_{j-1}
+            shifted = torch.cat([features.new_zeros(1, features.shape[-1]), features])  # position j reads f_{j-1}
             todo.append(row[self.fed[b] :])
             feats.append(shifted[self.fed[b] : len(row)])
             self.fed[b] = len(row)
         counts = [len(t) for t in todo]
         block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
-        feat_block = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+        feat_block = self.input_features(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True))
         valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
         logits = self.kv.forward(block, block.shape[1], valid=valid, target_features=feat_block)
         hidden = self.kv.last_output.hidden_states[0]

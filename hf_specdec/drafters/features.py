@@ -19,7 +19,8 @@ class TargetFeatures:
         """`target`: the target's RaggedKV; `modules`: the target modules whose outputs (concatenated) are the
         features."""
         self.columns = request(target, modules)
-        width = self.columns.stop - self.columns.start
+        columns = self.columns
+        width = columns.stop - columns.start if isinstance(columns, slice) else len(columns)
         self.features = [torch.zeros(0, width, device=target.device) for _ in range(batch_size)]
 
     def ready(self, seqs) -> bool:
@@ -37,17 +38,19 @@ class TargetFeatures:
         self.features = [self.features[b] for b in rows]
 
 
-def request(target, modules) -> slice:
+def request(target, modules) -> slice | torch.Tensor:
     """Make the target's verification forwards record these modules' outputs; returns their columns in
-    `Verified.hidden` (several drafters may ask: their modules are concatenated, each once)."""
+    `Verified.hidden`, in the order asked (several drafters may ask: their modules are recorded once each)."""
     hidden_size = target.model.config.get_text_config().hidden_size
     capture = target.capture if target.capture is not None else HiddenCapture([])
     for module in modules:
         if not any(module is m for m in capture.modules):
             capture.modules.append(module)
     target.capture = capture
-    first = next(i for i, m in enumerate(capture.modules) if m is modules[0])
-    return slice(first * hidden_size, (first + len(modules)) * hidden_size)
+    index = [next(i for i, m in enumerate(capture.modules) if m is module) for module in modules]
+    if index == list(range(index[0], index[0] + len(index))):  # contiguous: a view, no copy
+        return slice(index[0] * hidden_size, (index[0] + len(index)) * hidden_size)
+    return torch.tensor([i * hidden_size + c for i in index for c in range(hidden_size)], device=target.device)
 
 
 __all__ = ["TargetFeatures", "request"]

@@ -1,0 +1,237 @@
+"""An EAGLE-3-style drafter: one decoder layer reading the target's low, middle and high hidden states.
+
+At each position j the drafter gets the token t_j and the hidden states the target computed at j - 1 entering three of
+its layers (`target_layer_ids`, by default 2, N/2 and N - 3 of N: the layout vLLM and SGLang read), fused to the
+hidden size by `fc`. Its one layer attends over `[norm(embedding(t_j)) ; norm(fused)]` (twice the hidden width),
+with the fused state as the residual; the layer's output goes through a final norm into its own LM head over a reduced
+draft vocabulary (`draft_vocab_size` rows, initialised from the target's, mapped to target ids by `d2t`). While
+drafting ahead it has no target states for its own tokens, so it feeds back its layer's output (before the norm) in
+place of the fused state, which is how training-time test trains it (`training/adapters.py`).
+
+The input embeddings are the target's, borrowed at run time (`bind_target`) and never saved, so a drafter for
+SmolLM2-135M is about 10M parameters (19 MB in fp16).
+
+    drafter = AutoDrafter.from_pretrained("runs/eagle3", target=target)
+    target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter)
+"""
+
+from __future__ import annotations
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_rope_utils import RopeParameters
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .borrowed import NOT_BOUND, BorrowedEmbedding, TargetLink, TargetNotBoundError
+from .saving import DrafterSaving
+from .spec_drafter import drafter_config_from_target
+
+MODEL_TYPE = "hf_specdec_eagle3"
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low, middle and high layers (2, N/2, N - 3), kept inside 1..N for shallow targets."""
+    return [min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
+
+
+@strict
+class Eagle3Config(PreTrainedConfig):
+    r"""vocab_size: the TARGET's vocabulary; draft_vocab_size: the rows of the drafter's own LM head.
+    target_layer_ids: the target layers whose INPUT hidden states are fused (i in 1..N; i = N is the last layer's
+    output before the final norm). target_hidden_size: their width. The rest is a Llama layer's config, plus what the
+    drafter was trained for (target_name_or_path, target_quantization), how (training) and what it measured."""
+
+    model_type = MODEL_TYPE
+
+    vocab_size: int = 49152
+    draft_vocab_size: int = 8192
+    hidden_size: int = 576
+    target_hidden_size: int | None = None
+    target_layer_ids: list[int] | None = None
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 1  # one drafter layer (its cache has one layer)
+    num_attention_heads: int = 9
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-5
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    mlp_bias: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = False
+    save_dtype: str | None = "float16"
+    target_name_or_path: str | None = None
+    target_quantization: str | None = "none"
+    num_draft_tokens_eval: int = 5
+    training: dict | None = None
+    measured: dict | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        if self.target_layer_ids is None:
+            self.target_layer_ids = default_layer_ids(32)
+        if len(self.target_layer_ids) != 3 or min(self.target_layer_ids) < 1:
+            raise ValueError(f"target_layer_ids must be three target layers in 1..N (got {self.target_layer_ids}).")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size={self.vocab_size}.")
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int = 8192, layer_ids=None, **kwargs) -> "Eagle3Config":
+        """The target's width, heads, RoPE and vocabulary; its low, middle and high layers unless `layer_ids`."""
+        text = target_config.get_text_config()
+        base = drafter_config_from_target(target_config, num_hidden_layers=1).to_dict()
+        keep = {k: base[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                     "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+                                     "rope_parameters", "attention_bias", "mlp_bias", "pad_token_id", "bos_token_id",
+                                     "eos_token_id", "vocab_size")}
+        ids = list(layer_ids) if layer_ids else default_layer_ids(text.num_hidden_layers)
+        if max(ids) > text.num_hidden_layers:
+            raise ValueError(f"target_layer_ids {ids}: the target has {text.num_hidden_layers} layers.")
+        size = draft_vocab_size or text.vocab_size
+        return cls(**keep, target_hidden_size=text.hidden_size, target_layer_ids=ids, draft_vocab_size=size, **kwargs)
+
+
+class Eagle3Layer(nn.Module):
+    """A Llama layer whose attention reads `[norm(embedding) ; norm(hidden)]` (2 x hidden) and adds to `hidden`."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        heads, kv, width = config.num_attention_heads, config.num_key_value_heads, 2 * config.hidden_size
+        for name, rows in (("q_proj", heads), ("k_proj", kv), ("v_proj", kv)):
+            setattr(self.self_attn, name, nn.Linear(width, rows * config.head_dim, bias=config.attention_bias))
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, embeds, hidden, **attention_kwargs) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, **attention_kwargs)[0]
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3DraftModel(DrafterSaving, PreTrainedModel):
+    """The drafter (see the module docstring). `forward(input_ids, target_features=...)` takes per position the fused
+    target state (`fuse(target_states)`) or its own previous output, and returns logits and its new hidden states."""
+
+    config: Eagle3Config
+    config_class = Eagle3Config
+    base_model_prefix = "eagle3"
+    _no_split_modules = ["Eagle3Layer"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__(config)
+        self.embed_tokens = BorrowedEmbedding()
+        self.fc = nn.Linear(3 * config.target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        # the target id of draft row i is i + d2t[i] (the serving engines' map); draft_vocab = arange + d2t
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.post_init()
+
+    # --- the target ---
+    def bind_target(self, target: PreTrainedModel) -> "Eagle3DraftModel":
+        """Borrow `target`'s input embeddings (shared, not copied). Idempotent; returns self."""
+        link = self.embed_tokens.link
+        if link is not None and link.target is target:
+            return self
+        text = target.config.get_text_config()
+        if text.vocab_size != self.config.vocab_size or text.hidden_size != self.config.target_hidden_size:
+            raise ValueError(f"This drafter was trained for a target with a {self.config.vocab_size}-token vocabulary and "
+                             f"hidden size {self.config.target_hidden_size} ({self.config.target_name_or_path!r}); this "
+                             f"target has {text.vocab_size} and {text.hidden_size}.")
+        if text.num_hidden_layers < max(self.config.target_layer_ids):
+            raise ValueError(f"This drafter reads target layers {self.config.target_layer_ids}; the target has only "
+                             f"{text.num_hidden_layers}.")
+        self.embed_tokens.link = TargetLink(target)
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self.embed_tokens.link is not None
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    @property
+    def draft_vocab(self) -> torch.Tensor:
+        """Target ids of the draft vocabulary's rows (sorted)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, token_ids, target: PreTrainedModel | None = None) -> None:
+        """Draft over these target ids (sorted, `draft_vocab_size` of them); with `target`, start the LM head from
+        the target's rows for them."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()
+        if ids.numel() != self.config.draft_vocab_size or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"Expected {self.config.draft_vocab_size} distinct ids in [0, {self.config.vocab_size}).")
+        with torch.no_grad():
+            self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(len(ids), device=self.d2t.device))
+            if target is not None:
+                rows = target.get_output_embeddings().weight.detach()[ids.to(target.device)]
+                self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
+
+    def fuse(self, target_states: torch.Tensor) -> torch.Tensor:
+        """[..., 3 x target hidden] (the three layers' states, concatenated in `target_layer_ids` order) -> [..., hidden]."""
+        return self.fc(target_states.to(self.fc.weight.dtype))
+
+    # --- forward ---
+    def forward(self, input_ids, target_features, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                logits_to_keep: int | torch.Tensor = 0, full_vocab_logits: bool = True, **kwargs) -> CausalLMOutputWithPast:
+        """`target_features` [B, L, hidden]: per position the fused target state before it (`fuse(...)`), or the
+        drafter's own output there. Returns logits over the target's vocabulary (-inf outside the draft vocabulary), or over the draft
+        vocabulary (`full_vocab_logits=False`, what training uses), and in `hidden_states[0]` the layer's output at
+        every position (what drafting ahead feeds back). `logits_to_keep` may be a [B, L] bool mask."""
+        if not self.is_bound:
+            raise TargetNotBoundError(NOT_BOUND.replace("SpecDrafterForCausalLM", "Eagle3DraftModel"))
+        for unused in ("output_attentions", "output_hidden_states", "return_dict"):
+            kwargs.pop(unused, None)
+        embeds = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+        hidden = target_features.to(embeds.dtype)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
+        if attention_mask is None or attention_mask.dim() == 2:
+            attention_mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                                                cache=cache, position_ids=position_ids)
+        out = self.midlayer(embeds, hidden, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                            position_embeddings=self.rotary_emb(hidden, position_ids=position_ids), **kwargs)
+        kept = out
+        if isinstance(logits_to_keep, int):
+            kept = out[:, -logits_to_keep:] if logits_to_keep else out
+        elif logits_to_keep.dtype == torch.bool and logits_to_keep.dim() == 2:
+            kept = out[logits_to_keep]
+        logits = self.lm_head(self.norm(kept))
+        if full_vocab_logits:
+            full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.draft_vocab, logits)
+        return CausalLMOutputWithPast(logits=logits, cache=cache, hidden_states=(out,))
+
+    def _supports_logits_to_keep(self) -> bool:  # what the decoding loop asks of a causal LM
+        return True
+
+
+__all__ = ["Eagle3Config", "Eagle3DraftModel", "default_layer_ids"]
