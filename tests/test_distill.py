@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 from hf_specdec.errors import InputError  # noqa: E402
+from hf_specdec.cli import main as cli_main  # noqa: E402
 from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
 from training import adapters, arguments, checkpoints, distill, evaluate, losses  # noqa: E402
 from training import data as teacher_data  # noqa: E402
@@ -350,7 +351,7 @@ def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     assert log[-1]["loss"] < log[0]["loss"]
     assert_evaluated_speculatively(summary["best"])
     cache = Path(json.loads((out / "training_summary.json").read_text())["data"]["cache_folder"])
-    assert (cache / "features-train.safetensors").exists() and (cache / "features-heldout.safetensors").exists()
+    assert (cache / "features-train-final.npy").exists() and (cache / "features-heldout-final.npy").exists()
     drafter = AutoModelForCausalLM.from_pretrained(out)
     assert isinstance(drafter, SpecDrafterForCausalLM) and drafter.config.target_feature_input
     assert isinstance(hf_specdec.as_drafter(drafter), hf_specdec.drafters.EagleDrafter)
@@ -383,6 +384,126 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
     assert not seen[0][:, 0].any()
     own = original(input_ids=ids, target_features=seen[0], use_cache=False).hidden_states[0]
     torch.testing.assert_close(seen[1][:, 1:], own[:, :-1])
+
+
+# --- eagle3: the fused states entering three target layers, trained with training-time test ---------------------------
+def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path):
+    out = tmp_path / "eagle3"
+    summary = run_in_process(cli(world, out, drafter="eagle3", target_layers="1,2,2", ttt_steps=2, max_steps=30,
+                                 eval_every=30, save_every=0, learning_rate=1e-2, draft_vocab_size=64))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert_evaluated_speculatively(summary["best"])
+    cache = Path(json.loads((out / "training_summary.json").read_text())["data"]["cache_folder"])
+    assert (cache / "features-train-layers-1-2-2.npy").exists() and (cache / "features-heldout-layers-1-2-2.npy").exists()
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    drafter = hf_specdec.AutoDrafter.from_pretrained(out, target=target)
+    assert isinstance(drafter, hf_specdec.Eagle3DraftModel) and drafter.config.target_layer_ids == [1, 2, 2]
+    assert drafter.config.draft_vocab_size == 64 and drafter.config.measured["mean_accepted_tokens"] > 0
+    for seed in range(3):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
+                               assistant=drafter, num_draft_tokens=4)
+        assert torch.equal(plain, spec)
+    assert cli_main(["export", str(out), "--format", "vllm-eagle3", "--target", str(world["target"]),
+                     "--out", str(tmp_path / "vllm")]) == 0
+
+
+def test_a_larger_set_reuses_the_parts_a_smaller_one_made(world, tmp_path):
+    """--num-score 20 after --num-score 12 (parts of 8) scores only what is new: part 0 is reused, the smaller run's
+    short last part is made again, and the result equals a fresh 20-text preparation."""
+    common = dict(prepare_only=True, teacher_data="score", num_generate=0, prepare_part_size=8, heldout_prompts=2)
+    run_in_process(cli(world, tmp_path / "a", data_cache_dir=tmp_path / "grown", num_score=12, **common))
+    scored, original = [], teacher_data.score_sequences
+    with mock.patch.object(teacher_data, "score_sequences", side_effect=lambda t, seqs, *a, **k: scored.append(len(seqs)) or original(t, seqs, *a, **k)):
+        grown = run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "grown", num_score=20, **common))
+    assert scored == [8, 4]  # part 1 (4 texts before, 8 now) and part 2; part 0 came from the smaller run
+    fresh = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "fresh", num_score=20, **common))
+    a = teacher_data.TeacherData.load(Path(grown["data"]["cache_folder"]) / "train.safetensors")
+    b = teacher_data.TeacherData.load(Path(fresh["data"]["cache_folder"]) / "train.safetensors")
+    assert len(a) == 20 and all(torch.equal(a.t[k], b.t[k]) for k in a.t)
+
+
+def test_target_features_are_memory_mapped_and_a_killed_pass_continues(tmp_path):
+    """The feature pass writes a memory-mapped .npy as it goes; killed mid-way, a rerun continues from its last saved
+    batch and ends with the file an uninterrupted pass writes."""
+    import numpy as np
+
+    from hf_specdec.cache.hidden import decoder_layers
+    from tests.conftest import tiny_llama
+
+    target = tiny_llama(vocab=40, layers=3)
+    g = torch.Generator().manual_seed(0)
+    records = [teacher_data.make_record(torch.randint(0, 40, (n,), generator=g).tolist(), 2, torch.zeros(n - 2, 4, dtype=torch.int32),
+                                        torch.zeros(n - 2, 4, dtype=torch.float16), 1) for n in (5, 9, 7, 12, 6, 8)]
+    modules = [decoder_layers(target)[0], decoder_layers(target)[2]]
+
+    def make(folder, fail_after=None):
+        data = teacher_data.TeacherData.from_records(records, {})
+        calls, forward = [0], target.forward
+
+        def flaky(*args, **kwargs):
+            calls[0] += 1
+            if fail_after is not None and calls[0] > fail_after:
+                raise KeyboardInterrupt  # the kill
+            return forward(*args, **kwargs)
+
+        with mock.patch.object(target, "forward", side_effect=flaky):
+            teacher_data.attach_target_features(target, data, folder / "f.npy", modules, False, tokens_per_batch=12,
+                                                flush_every=1)
+        return data, calls[0]
+
+    (tmp_path / "a").mkdir()
+    clean, clean_calls = make(tmp_path / "a")
+    assert isinstance(clean.features, np.memmap) and clean.features.shape == (47, 2 * 48)
+    (tmp_path / "b").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        make(tmp_path / "b", fail_after=2)
+    assert (tmp_path / "b" / "f.npy.partial").exists() and not (tmp_path / "b" / "f.npy").exists()
+    resumed, resumed_calls = make(tmp_path / "b")
+    assert resumed_calls == clean_calls - 2  # the two saved batches are not computed again
+    assert np.array_equal(np.asarray(resumed.features), np.asarray(clean.features))
+    last = []
+    hook = modules[1].register_forward_hook(lambda m, a, o: last.append(o))
+    states = target(records[1]["tokens"][None].long(), output_hidden_states=True).hidden_states
+    hook.remove()
+    expected = torch.cat([states[1], last[0]], dim=-1)[0].half()  # after layer 0 (entering 1), and after layer 2
+    torch.testing.assert_close(clean.record(1)["features"], expected, atol=2e-3, rtol=2e-3)
+
+
+def test_training_time_test_passes_see_what_drafting_ahead_sees():
+    """Pass r's logits at position j equal the drafter's, decoding as the loop does: its cache fed (t_i, fused target
+    state at i - 1) up to position j - r, then r steps that each feed the next token with its own previous output."""
+    from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
+    from tests.conftest import tiny_llama
+
+    target = tiny_llama(vocab=40, layers=4)
+    torch.manual_seed(0)
+    drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0, initializer_range=0.3)).eval()
+    drafter.bind_target(target)
+    ids = torch.randint(0, 40, (2, 9))
+    positions = torch.zeros(2, 9, dtype=torch.bool)
+    positions[:, 3:] = True
+    batch = {"input_ids": ids, "positions": positions, "features": torch.randn(2, 9, 3 * 48)}
+    with torch.no_grad():
+        passes, weights = adapters.test_time_passes(drafter, batch, steps=3, decay=0.5)
+        assert weights == [1.0, 0.5, 0.25]
+        fused = drafter.fuse(batch["features"])
+        for r, logits in enumerate(passes):
+            logits = logits.view(2, 6, -1)  # the teacher positions 3..8 of each row
+            for b in range(2):
+                for j in range(3, 9):
+                    start = j - r  # the last position fed the target's state
+                    cache = DynamicCache(config=drafter.config)
+                    shifted = torch.cat([torch.zeros(1, 48), fused[b, : start]])[None]
+                    out = drafter(input_ids=ids[b : b + 1, : start + 1], target_features=shifted, cache=cache, use_cache=True)
+                    for step in range(1, r + 1):
+                        own = out.hidden_states[0][:, -1:]
+                        out = drafter(input_ids=ids[b : b + 1, start + step : start + step + 1], target_features=own,
+                                      cache=cache, use_cache=True)
+                    expected = out.logits[0, -1]
+                    torch.testing.assert_close(logits[b, j - 3], expected, atol=1e-4, rtol=1e-4)
 
 
 # --- Medusa heads ---------------------------------------------------------------------------------------------------------
@@ -461,7 +582,7 @@ def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
     (["--batch-size", "-2", "--top-k", "0"], "--top-k must be >= 1 (got 0); --batch-size must be >= 1 (got -2)"),
     (["--on-policy-ratio", "1.5"], "--on-policy-ratio must lie in [0, 1]"),
     (["--resume", "--overwrite"], "pass one"),
-    (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, medusa"),
+    (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, eagle3, medusa"),
 ])
 def test_bad_arguments_are_input_errors(world, tmp_path, argv, message):
     with pytest.raises(InputError) as error:
@@ -588,14 +709,14 @@ def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_p
     with mock.patch.object(teacher_data, "self_generate", side_effect=killed_after_two_parts):
         with pytest.raises(KeyboardInterrupt):
             run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "parts", **common))
-    folder = next((tmp_path / "parts").iterdir())
+    folder = next((tmp_path / "parts" / "parts").iterdir())
     assert sorted(p.name for p in folder.glob("gen-*")) == ["gen-0-part-00000-of-8.pt", "gen-0-part-00001-of-8.pt"]
-    assert not (folder / "meta.json").exists()
+    assert not list((tmp_path / "parts").glob("*/meta.json"))
     made.clear()
     with mock.patch.object(teacher_data, "self_generate", side_effect=lambda *a: made.append(len(a[2])) or original(*a)):
         resumed = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "parts", **common))
     assert made == [8, 6]  # the third part of the 24 prompts, then the held-out prompts: nothing made twice
-    assert not list(folder.glob("*part*"))  # merged, then the parts removed
+    assert len(list(folder.glob("gen-*-part-*"))) == 3  # merged; the parts stay, for a larger set
     a = teacher_data.TeacherData.load(Path(whole["data"]["cache_folder"]) / "train.safetensors")
     b = teacher_data.TeacherData.load(Path(resumed["data"]["cache_folder"]) / "train.safetensors")
     assert a.t.keys() == b.t.keys() and all(torch.equal(a.t[k], b.t[k]) for k in a.t)

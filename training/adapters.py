@@ -23,10 +23,12 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
+from hf_specdec.cache.hidden import decoder_layers, final_norm
 from hf_specdec.errors import InputError
 from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of
+from hf_specdec.models.eagle3 import Eagle3Config
 from hf_specdec.models.medusa import MedusaConfig
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 
@@ -113,6 +115,11 @@ class Adapter:
     def measure(self, model, batch: dict) -> dict:
         return {}
 
+    def feature_modules(self, target, args, folder: str | None) -> tuple[list, str]:
+        """The target modules whose outputs the batches carry as `features` (feature kinds), and a name for them:
+        the final norm's output (the LM head's input)."""
+        return [final_norm(target)], "final"
+
 
 class TokenDrafter(Adapter):
     """A drafter that reads tokens only: a new `SpecDrafterForCausalLM` (initialised from the target's first layers),
@@ -192,6 +199,82 @@ class MedusaHeads(Adapter):
             truth = batch["tgt_ids"][teacher][:, 0]
             rows.append([round(float(x), 5) for x in (top == truth[:, None]).float().mean(0)])
         return {"head_accuracy": rows}
+
+
+class Eagle3(Adapter):
+    """EAGLE-3-style: the token and the fused states entering three target layers in; trained with training-time
+    test: pass r feeds at each position the drafter's own output of pass r - 1 at the position before, attending to
+    the target-fed keys up to r positions back and to its own keys of the passes since, exactly what drafting r tokens
+    ahead sees; the passes' losses are weighted decay**r."""
+
+    reads_target_features = True
+
+    def layer_ids(self, target, args, folder: str | None) -> list[int]:
+        if folder is not None:
+            return list(json.loads((Path(folder) / "config.json").read_text())["target_layer_ids"])
+        if args.target_layers:
+            return [int(i) for i in args.target_layers.split(",")]
+        return Eagle3Config.from_target(target.config, draft_vocab_size=1).target_layer_ids
+
+    def feature_modules(self, target, args, folder):
+        ids = self.layer_ids(target, args, folder)
+        layers = decoder_layers(target)
+        if len(ids) != 3 or not all(1 <= i <= len(layers) for i in ids):
+            raise InputError(f"--target-layers {','.join(map(str, ids))}: an EAGLE-3 drafter reads three target layers, "
+                             f"each in 1..{len(layers)} (the state entering layer i).")
+        return [layers[i - 1] for i in ids], "layers-" + "-".join(map(str, ids))
+
+    def new(self, args, target, target_name, target_folder, draft_vocab):
+        config = Eagle3Config.from_target(
+            target.config, draft_vocab_size=draft_vocab, layer_ids=self.layer_ids(target, args, None),
+            intermediate_size=args.drafter_intermediate_size or None, target_name_or_path=target_name,
+            target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens)
+        return self.kind.model_class(config)
+
+    def build(self, args, target, token_counts, eos, *, folder, target_name, target_folder):
+        model = super().build(args, target, token_counts, eos, folder=folder, target_name=target_name,
+                              target_folder=target_folder)
+        if folder is None:  # the LM head starts as the target's rows of the draft vocabulary
+            model.set_draft_vocab(model.draft_vocab, target)
+        return model
+
+    def logits(self, model, batch):
+        return test_time_passes(model, batch, steps=1, decay=1.0)[0][0], batch["tgt_ids"]
+
+    def loss(self, model, batch, cols, args):
+        all_logits, weights = test_time_passes(model, batch, args.ttt_steps, args.ttt_decay)
+        losses = [w * token_loss(logits, batch, cols, args.loss) for logits, w in zip(all_logits, weights)]
+        return sum(losses) / sum(weights), all_logits[0], batch["tgt_ids"]
+
+
+def test_time_passes(model, batch: dict, steps: int, decay: float) -> tuple[list[torch.Tensor], list[float]]:
+    """An EAGLE-3 drafter's draft-vocabulary logits at the teacher positions for `steps` training-time-test passes,
+    and each pass's loss weight (decay**r).
+
+    Pass 0 feeds at position j the token t_j and the fused target states at j - 1 (what verified tokens get). Pass r
+    feeds t_j and the drafter's own pass r - 1 output at j - 1, and position j attends to pass 0's keys at positions
+    <= j - r and to pass s's key at position j - r + s (s = 1..r): the context of a token drafted r steps ahead of the
+    last verified one. One drafter cache holds every pass's keys; a 4-D mask says which each query sees."""
+    inner = unwrap_drafter(model)
+    ids, positions = batch["input_ids"], batch["positions"]
+    length = ids.shape[1]
+    shift = lambda h: torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # noqa: E731
+    hidden = shift(inner.fuse(batch["features"]))
+    cache = DynamicCache(config=inner.config)
+    place = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
+    query, key = torch.arange(length, device=ids.device)[:, None], torch.arange(length, device=ids.device)[None]
+    all_logits, weights = [], []
+    for r in range(steps):
+        blocks = [key <= query - r] + [key == query - r + s for s in range(1, r + 1)]  # pass 0's keys, then pass s's
+        allowed = torch.cat(blocks, dim=1)
+        dtype = inner.fc.weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        out = model(input_ids=ids, target_features=hidden, attention_mask=mask[None, None].expand(ids.shape[0], 1, -1, -1),
+                    position_ids=place, cache=cache, use_cache=True, logits_to_keep=positions, full_vocab_logits=False)
+        all_logits.append(out.logits)
+        weights.append(decay**r)
+        hidden = shift(out.hidden_states[0])
+    return all_logits, weights
 
 
 def init_from_target(drafter: SpecDrafterForCausalLM, target_folder: str) -> None:

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
@@ -293,17 +294,17 @@ class TeacherData:
         record = {"tokens": self.t["tokens"][a:b], "start": int(self.t["start"][i]), "ids": self.t["ids"][c:d],
                   "lps": self.t["lps"][c:d], "source": int(self.t["source"][i])}
         if self.features is not None:
-            record["features"] = self.features[a:b]
+            record["features"] = torch.from_numpy(numpy.array(self.features[a:b]))  # read from the memory map
         return record
 
-    features: torch.Tensor | None = None  # [tokens, hidden] the target's final hidden states (eagle drafters)
+    features = None  # [tokens, width] fp16 memory map: the target states a feature drafter reads, every token
 
     @classmethod
     def concat(cls, parts: list["TeacherData"]) -> "TeacherData":
         records = [p.record(i) for p in parts for i in range(len(p))]
         out = cls.from_records(records, parts[0].meta)
         if all(p.features is not None for p in parts):
-            out.features = torch.cat([p.features for p in parts])
+            out.features = numpy.concatenate([p.features for p in parts])  # (in memory: extra data is small)
         return out
 
     def lengths(self) -> torch.Tensor:
@@ -331,44 +332,51 @@ class TeacherData:
 
 
 @torch.no_grad()
-def attach_target_features(target, data: TeacherData, path: Path, show: bool, tokens_per_batch: int = 4096) -> None:
-    """The target's final hidden state (the LM head's input, read where the decoding loop reads it) at every token of
-    every record, fp16, computed once and cached beside the teacher data."""
-    from safetensors.torch import load_file, save_file
+def attach_target_features(target, data: TeacherData, path: Path, modules, show: bool, tokens_per_batch: int = 4096,
+                           flush_every: int = 32) -> None:
+    """The outputs of the target `modules` (the hidden states a feature drafter reads: the final norm's, or the layers
+    an EAGLE-3 drafter fuses, concatenated) at every token of every record, fp16, written once beside the teacher data
+    as a memory-mapped .npy (bounded by disk, not RAM; a wide target's states do not fit in memory). The pass saves
+    its progress every `flush_every` batches: a killed run continues where it stopped."""
+    import numpy as np
 
-    from hf_specdec.cache.hidden import final_norm
+    from hf_specdec.cache.hidden import HiddenCapture
 
     if not path.exists():
-        norm, captured = final_norm(target), []
-        hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
-        hidden = target.config.get_text_config().hidden_size
         lengths, offsets = data.lengths().tolist(), data.t["tok_off"].tolist()
-        features = torch.zeros(offsets[-1], hidden, dtype=torch.float16)
+        width = target.config.get_text_config().hidden_size * len(modules)
+        partial, progress = path.with_name(path.name + ".partial"), path.with_name(path.name + ".progress")
         order = sorted(range(len(data)), key=lambda i: lengths[i])
-        bar = tqdm(total=offsets[-1], desc=f"target features ({path.name})", disable=not show, unit="tok")
-        try:
-            i = 0
-            while i < len(order):
-                batch = [order[i]]
-                while i + len(batch) < len(order) and lengths[order[i + len(batch)]] * (len(batch) + 1) <= tokens_per_batch:
-                    batch.append(order[i + len(batch)])
-                i += len(batch)
-                width = max(lengths[j] for j in batch)
-                ids = torch.zeros(len(batch), width, dtype=torch.long)
-                for row, j in enumerate(batch):
-                    ids[row, : lengths[j]] = data.t["tokens"][offsets[j] : offsets[j + 1]].long()
-                captured.clear()
+        done = json.loads(progress.read_text())["records"] if progress.exists() and partial.exists() else 0
+        mode = "r+" if done else "w+"
+        features = np.lib.format.open_memmap(partial, mode=mode, dtype=np.float16, shape=(offsets[-1], width))
+        capture = HiddenCapture(modules)
+        bar = tqdm(total=offsets[-1], initial=sum(lengths[j] for j in order[:done]), disable=not show, unit="tok",
+                   desc=f"target features ({path.name})")
+        i, batches = done, 0
+        while i < len(order):
+            batch = [order[i]]
+            while i + len(batch) < len(order) and lengths[order[i + len(batch)]] * (len(batch) + 1) <= tokens_per_batch:
+                batch.append(order[i + len(batch)])
+            width_b = max(lengths[j] for j in batch)
+            ids = torch.zeros(len(batch), width_b, dtype=torch.long)
+            for row, j in enumerate(batch):
+                ids[row, : lengths[j]] = data.t["tokens"][offsets[j] : offsets[j + 1]].long()
+            with capture.recording():
                 target(input_ids=ids.to(target.device), use_cache=False, logits_to_keep=1)  # right padding: no mask
-                for row, j in enumerate(batch):
-                    features[offsets[j] : offsets[j + 1]] = captured[-1][row, : lengths[j]].half().cpu()
-                bar.update(sum(lengths[j] for j in batch))
-        finally:
-            hook.remove()
-            bar.close()
-        tmp = path.with_suffix(".tmp")
-        save_file({"features": features}, str(tmp))
-        tmp.rename(path)
-    data.features = load_file(str(path))["features"]
+            hidden = capture.hidden.half().cpu().numpy()
+            for row, j in enumerate(batch):
+                features[offsets[j] : offsets[j + 1]] = hidden[row, : lengths[j]]
+            i, batches = i + len(batch), batches + 1
+            if batches % flush_every == 0 or i == len(order):
+                features.flush()
+                write_atomically(progress, json.dumps({"records": i}))
+            bar.update(sum(lengths[j] for j in batch))
+        bar.close()
+        del features
+        os.replace(partial, path)
+        progress.unlink(missing_ok=True)
+    data.features = np.load(path, mmap_mode="r")
 
 
 def file_fingerprint(path: Path) -> str:
@@ -380,8 +388,10 @@ def file_fingerprint(path: Path) -> str:
     return f"{path.name}:{path.stat().st_size}:{int(path.stat().st_mtime)}" if path.exists() else str(path)
 
 
-def data_cache_key(args: Args) -> str:
-    """Everything the teacher data depends on: target (+ its files), quantization, data source and options."""
+def data_cache_key(args: Args, parts: bool = False) -> str:
+    """Everything the teacher data depends on: target (+ its files), quantization, data source and options. With
+    `parts`, the key of the folder of its parts, which omits --num-score: the texts to score are a prefix-stable list,
+    so a larger set reuses the parts a smaller one made (a data curve grows across sittings)."""
     source = sharegpt_path() if args.data == "sharegpt" else Path(args.data)
     exclusions = default_exclusion_file() if args.exclude_ids == "auto" else Path(args.exclude_ids or "none")
     key = {
@@ -390,7 +400,7 @@ def data_cache_key(args: Args) -> str:
         "data": args.data, "data_files": file_fingerprint(source),
         "split": args.data_split, "exclusions": file_fingerprint(exclusions) if exclusions else None,
         **{k: getattr(args, k) for k in ("teacher_data", "num_generate", "num_score", "heldout_prompts", "max_prompt_tokens",
-                                         "max_new_tokens", "max_seq_len", "top_k", "seed")},
+                                         "max_new_tokens", "max_seq_len", "top_k", "seed") if not (parts and k == "num_score")},
     }
     name = Path(target_id(args)).name.replace("/", "_")
     return f"{name}-{args.target_quantization}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
@@ -399,13 +409,13 @@ def data_cache_key(args: Args) -> str:
 def in_parts(stem: Path, items: list, size: int, make) -> tuple[list[dict], dict]:
     """`make(items)` -> (records, stats), in parts of `size` items, each saved (atomically) as STEM-part-N-of-SIZE.pt as it
     is done: a run killed mid-preparation continues from its last complete part. The items are a fixed function of
-    the arguments, so a part on disk is the part this run would make."""
+    the arguments (and a prefix of a longer run's), so a part on disk holding as many items is the part this run
+    would make; a shorter last part of a smaller run is made again."""
     records, totals = [], Counter()
     for number, start in enumerate(range(0, len(items), size)):
         path = stem.with_name(f"{stem.name}-part-{number:05d}-of-{size}.pt")  # (the size decides what a part holds)
-        if path.is_file():
-            part = torch.load(path, weights_only=True)
-        else:
+        part = torch.load(path, weights_only=True) if path.is_file() else None
+        if part is None or part["items"] != len(items[start : start + size]):
             made, stats = make(items[start : start + size])
             part = {"records": made, "stats": stats, "items": len(items[start : start + size])}
             torch.save(part, path.with_name(path.name + ".tmp"))
@@ -460,9 +470,11 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
                   f"score, {len(heldout)} held-out prompts, {world} process(es); rows skipped: "
                   f"{describe_skips(skipped) or 'none'}", flush=True)
         folder.mkdir(parents=True, exist_ok=True)
-        gen_records, gen_stats = in_parts(folder / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
+        parts = root / "parts" / data_cache_key(args, parts=True)
+        parts.mkdir(parents=True, exist_ok=True)
+        gen_records, gen_stats = in_parts(parts / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
                                           lambda part: self_generate(target, tokenizer, part, args, 0, show))
-        score_records, score_stats = in_parts(folder / f"score-{rank}", mine(scored), args.prepare_part_size,
+        score_records, score_stats = in_parts(parts / f"score-{rank}", mine(scored), args.prepare_part_size,
                                               lambda part: score_sequences(target, part, args.top_k, tokenizer.pad_token_id,
                                                                            args.score_batch_size, 1, show))
         held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, 0, show)
@@ -499,7 +511,7 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
                         heldout_records=len(held))
             meta["skipped"] = skipped
             write_atomically(done, json.dumps(meta, indent=2))
-            for leftover in [*folder.glob("shard-*.pt"), *folder.glob("gen-*-part-*.pt"), *folder.glob("score-*-part-*.pt")]:
+            for leftover in folder.glob("shard-*.pt"):  # (the parts stay, for a larger set)
                 leftover.unlink()
             print(f"[distill] teacher data ready: {json.dumps(meta['throughput'])}", flush=True)
     accelerator.wait_for_everyone()

@@ -154,8 +154,9 @@ def main(argv=None) -> dict:
         with accelerator.main_process_first():
             for part in [train, heldout] + (extra if args.extra_data else []):
                 name = "heldout" if part is heldout else "train"
-                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}.safetensors",
-                                       accelerator.is_main_process)
+                modules, which = adapter.feature_modules(target, args, continue_from)
+                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}-{which}.npy",
+                                       modules, accelerator.is_main_process)
     if args.extra_data:
         meta = train.meta
         train = TeacherData.concat([train] + extra)

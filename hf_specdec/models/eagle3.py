@@ -105,7 +105,9 @@ class Eagle3Config(PreTrainedConfig):
         if max(ids) > text.num_hidden_layers:
             raise ValueError(f"target_layer_ids {ids}: the target has {text.num_hidden_layers} layers.")
         size = draft_vocab_size or text.vocab_size
-        return cls(**keep, target_hidden_size=text.hidden_size, target_layer_ids=ids, draft_vocab_size=size, **kwargs)
+        overrides = {k: v for k, v in kwargs.items() if v is not None}  # e.g. intermediate_size
+        return cls(**{**keep, "target_hidden_size": text.hidden_size, "target_layer_ids": ids, "draft_vocab_size": size,
+                      **overrides})
 
 
 class Eagle3Layer(nn.Module):
