@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -470,6 +471,23 @@ def test_target_features_are_memory_mapped_and_a_killed_pass_continues(tmp_path)
     hook.remove()
     expected = torch.cat([states[1], last[0]], dim=-1)[0].half()  # after layer 0 (entering 1), and after layer 2
     torch.testing.assert_close(clean.record(1)["features"], expected, atol=2e-3, rtol=2e-3)
+
+
+def test_data_curve_subsets_are_nested_and_keep_their_features():
+    g = torch.Generator().manual_seed(0)
+    records = [teacher_data.make_record(torch.randint(0, 40, (n,), generator=g).tolist(), 2, torch.zeros(n - 2, 4, dtype=torch.int32),
+                                        torch.zeros(n - 2, 4, dtype=torch.float16), 1) for n in range(4, 24)]
+    data = teacher_data.TeacherData.from_records(records, {})
+    data.features = np.arange(int(data.t["tok_off"][-1]) * 2, dtype=np.float16).reshape(-1, 2) % 1000
+    small, large = data.subset(60, seed=3), data.subset(150, seed=3)
+    assert 0 < int(small.t["tgt_off"][-1]) <= 60 < int(large.t["tgt_off"][-1]) <= 150
+    tokens = lambda d: [tuple(d.record(i)["tokens"].tolist()) for i in range(len(d))]  # noqa: E731
+    assert tokens(small) == tokens(large)[: len(small)]
+    originals = {tuple(r["tokens"].tolist()): i for i, r in enumerate(records)}
+    for i in range(len(large)):
+        rec = large.record(i)
+        j = originals[tuple(rec["tokens"].tolist())]
+        assert torch.equal(rec["features"], data.record(j)["features"])
 
 
 def test_training_time_test_passes_see_what_drafting_ahead_sees():

@@ -58,6 +58,7 @@ class Args:
     data_cache_dir: str = field(default="", metadata={"help": "default: <hf_specdec cache>/distill-data"})
     extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
     prepare_part_size: int = field(default=256, metadata={"help": "prompts (or texts) per saved part of the teacher data: a killed preparation continues from its last complete part"})
+    max_train_tokens: int = field(default=0, metadata={"help": "train on a seeded subset of the prepared data holding at most this many target tokens (nested: a smaller budget takes part of a larger one's), for a data curve on one prepared set; 0: all"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
     loss: Literal[LOSSES] = field(default="fkl", metadata={"help": "fkl, rkl, tvd, jsd: divergences to the target's top-K distribution; lk-alpha: -log(acceptance); lk-hybrid: KL blended into TV as acceptance grows (the LK losses); ce: cross-entropy on the target's token"})
@@ -103,7 +104,7 @@ POSITIVE = ("ttt_steps", "prepare_part_size", "medusa_heads", "medusa_layers", "
             "batch_size", "eval_max_new_tokens", "num_draft_tokens", "log_every", "medusa_positions")
 
 
-NON_NEGATIVE = ("time_budget", "drafter_intermediate_size", "draft_vocab_size", "unroll_steps", "num_generate", "num_score",
+NON_NEGATIVE = ("max_train_tokens", "time_budget", "drafter_intermediate_size", "draft_vocab_size", "unroll_steps", "num_generate", "num_score",
                 "warmup_steps", "threads", "eval_every", "eval_prompts", "save_every", "keep_checkpoints", "lora_r")
 
 

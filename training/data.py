@@ -288,16 +288,34 @@ class TeacherData:
     def __len__(self) -> int:
         return len(self.t["start"])
 
-    def record(self, i: int) -> dict:
+    def record(self, i: int, features: bool = True) -> dict:
         a, b = self.t["tok_off"][i : i + 2].tolist()
         c, d = self.t["tgt_off"][i : i + 2].tolist()
         record = {"tokens": self.t["tokens"][a:b], "start": int(self.t["start"][i]), "ids": self.t["ids"][c:d],
                   "lps": self.t["lps"][c:d], "source": int(self.t["source"][i])}
-        if self.features is not None:
-            record["features"] = torch.from_numpy(numpy.array(self.features[a:b]))  # read from the memory map
+        if features and self.features is not None:
+            f = a if self.feature_starts is None else self.feature_starts[i]
+            record["features"] = torch.from_numpy(numpy.array(self.features[f : f + b - a]))  # read from the memory map
         return record
 
     features = None  # [tokens, width] fp16 memory map: the target states a feature drafter reads, every token
+    feature_starts: list[int] | None = None  # a subset's records' rows in `features` (None: `tok_off`)
+
+    def subset(self, max_target_tokens: int, seed: int) -> "TeacherData":
+        """The records of a seeded shuffle, in that order, while their target tokens fit in `max_target_tokens`: nested
+        subsets (a smaller budget takes a prefix of a larger one's), for a data curve on one prepared set."""
+        order = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed)).tolist()
+        counts, keep, total = (self.t["tgt_off"].diff()).tolist(), [], 0
+        for i in order:
+            if total + counts[i] > max_target_tokens:
+                break
+            keep.append(i)
+            total += counts[i]
+        out = TeacherData.from_records([self.record(i, features=False) for i in keep], self.meta)
+        if self.features is not None:
+            starts = self.t["tok_off"].tolist() if self.feature_starts is None else self.feature_starts
+            out.features, out.feature_starts = self.features, [starts[i] for i in keep]
+        return out
 
     @classmethod
     def concat(cls, parts: list["TeacherData"]) -> "TeacherData":

@@ -164,6 +164,11 @@ def main(argv=None) -> dict:
     if args.prepare_only:
         accelerator.wait_for_everyone()
         return {"data": train.meta}
+    if args.max_train_tokens:
+        full = train
+        train = full.subset(args.max_train_tokens, args.seed)
+        train.meta = {**full.meta, "train_records": len(train), "train_target_tokens": int(train.t["tgt_off"][-1]),
+                      "subset_of": {"records": len(full), "target_tokens": int(full.t["tgt_off"][-1])}}
     if adapter.reads_target_features and args.on_policy_ratio > 0:
         raise InputError(f"--on-policy-ratio is not supported with --drafter {args.drafter} (its data needs the target's "
                          "hidden states); pass --on-policy-ratio 0.")
