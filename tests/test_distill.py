@@ -149,7 +149,7 @@ def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
     train_prompts = {tuple(train.record(i)["tokens"][: train.record(i)["start"]].tolist()) for i in range(len(train))}
     held_prompts = {tuple(held.record(i)["tokens"][: held.record(i)["start"]].tolist()) for i in range(len(held))}
     assert len(held_prompts) == 6 and not held_prompts & train_prompts
-    assert set(train.t["source"].tolist()) == {0, 1}  # self-generated and scored sequences
+    assert set(train.t["source"].tolist()) == {teacher_data.Source.SELF_GENERATED, teacher_data.Source.SCORED}
     assert train.t["ids"].shape[1] == 8 and len(train) == 24 + 32
 
 
@@ -164,7 +164,7 @@ def test_teacher_data_is_the_targets_own(world, trained):
         top = logprobs.topk(8)
         assert torch.equal(top.indices, r["ids"].long())
         torch.testing.assert_close(top.values, r["lps"].float(), atol=2e-2, rtol=1e-3)
-        if r["source"] == 0:  # greedy self-generation: each new token is the target's argmax
+        if r["source"] == teacher_data.Source.SELF_GENERATED:  # greedy: each new token is the target's argmax
             assert torch.equal(r["tokens"][r["start"] :].long(), r["ids"][:, 0].long())
 
 

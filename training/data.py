@@ -8,6 +8,7 @@ the data: acceptance measured on the dev prompts stays honest.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import itertools
 import json
@@ -200,12 +201,21 @@ def render(tokenizer, messages, response: str | None = None) -> tuple[list[int],
     return prompt, prompt + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def make_record(tokens, start: int, ids, lps, source: int) -> dict:
-    return {"tokens": torch.as_tensor(tokens, dtype=torch.int32), "start": start, "ids": ids, "lps": lps, "source": source}
+class Source(enum.IntEnum):
+    """Where a record's text came from (kept per record, as int8, in the teacher data)."""
+
+    SELF_GENERATED = 0  # the target's own greedy answer
+    SCORED = 1  # an existing answer (ShareGPT's), scored teacher-forced by the target
+    ON_POLICY = 2  # the drafter's own continuation, scored by the target during training
+
+
+def make_record(tokens, start: int, ids, lps, source: Source) -> dict:
+    return {"tokens": torch.as_tensor(tokens, dtype=torch.int32), "start": start, "ids": ids, "lps": lps,
+            "source": int(source)}  # a plain int: parts are read with weights_only=True
 
 
 @torch.no_grad()
-def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, source: int, show: bool) -> tuple[list[dict], dict]:
+def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, source: Source, show: bool) -> tuple[list[dict], dict]:
     """The target answers each prompt greedily (batched, left padding); per new token its top-K log-probs."""
     pad, eos = tokenizer.pad_token_id, eos_ids(target, tokenizer)
     config = greedy_generation_config(target, args.max_new_tokens, pad)
@@ -238,7 +248,7 @@ def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, sourc
 
 
 @torch.no_grad()
-def score_sequences(target, sequences: list[tuple[list[int], int]], k: int, pad: int, batch_size: int, source: int,
+def score_sequences(target, sequences: list[tuple[list[int], int]], k: int, pad: int, batch_size: int, source: Source,
                     show: bool = False, desc: str = "scoring") -> tuple[list[dict], dict]:
     """Teacher-forced target forward over (tokens, start) pairs; top-K log-probs for tokens[start:]."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
@@ -491,11 +501,11 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
         parts = root / "parts" / data_cache_key(args, parts=True)
         parts.mkdir(parents=True, exist_ok=True)
         gen_records, gen_stats = in_parts(parts / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
-                                          lambda part: self_generate(target, tokenizer, part, args, 0, show))
+                                          lambda part: self_generate(target, tokenizer, part, args, Source.SELF_GENERATED, show))
         score_records, score_stats = in_parts(parts / f"score-{rank}", mine(scored), args.prepare_part_size,
                                               lambda part: score_sequences(target, part, args.top_k, tokenizer.pad_token_id,
-                                                                           args.score_batch_size, 1, show))
-        held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, 0, show)
+                                                                           args.score_batch_size, Source.SCORED, show))
+        held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, Source.SELF_GENERATED, show)
         shard = folder / f"shard-{rank}.pt"
         torch.save({"gen": gen_records, "score": score_records, "held": held_records, "gen_stats": gen_stats,
                     "score_stats": score_stats, "heldout_ids": [ex["id"] for ex, _, _ in heldout]},
@@ -597,5 +607,5 @@ def on_policy_records(model, target, records, args: Args, tokenizer) -> list[dic
                              eos_ids(target, tokenizer), tokenizer.pad_token_id)
     inner.train(was_training)
     sequences = [(p.tolist() + s.tolist(), len(p)) for p, s in zip(prompts, samples) if len(s) >= 1]
-    scored, _ = score_sequences(target, sequences, args.top_k, tokenizer.pad_token_id, len(sequences), 2)
+    scored, _ = score_sequences(target, sequences, args.top_k, tokenizer.pad_token_id, len(sequences), Source.ON_POLICY)
     return scored

@@ -263,20 +263,21 @@ def main(argv=None) -> dict:
         state.scheduler = scheduler.state_dict()
         optimizer.zero_grad(set_to_none=True)
         hits, n = top1_hits(logits.detach(), teacher, model)
-        stats = accelerator.reduce(torch.tensor([loss.item(), hits, n], dtype=torch.float64, device=accelerator.device), "sum").cpu()
+        sums = torch.tensor([loss.item(), hits, n], dtype=torch.float64, device=accelerator.device)
+        loss_sum, hits_sum, teacher_tokens = accelerator.reduce(sums, "sum").tolist()  # one collective for the three
         state.step += 1
         steps_run += 1
         state.batch_in_epoch += 1
         if state.batch_in_epoch == len(batches):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-        state.last_loss = float(stats[0] / world)
-        tokens_done += int(stats[2])
+        state.last_loss = loss_sum / world
+        tokens_done += int(teacher_tokens)
         bar.update(1)
         bar.set_postfix(loss=f"{state.last_loss:.4f}")
         if state.step % args.log_every == 0 or state.step == args.max_steps:
             elapsed = time.perf_counter() - t0
             log({"event": "train", "step": state.step, "epoch": state.epoch, "loss": state.last_loss,
-                 "top1": float(stats[1] / max(stats[2], 1)), "lr": scheduler.get_last_lr()[0], "on_policy": on_policy,
+                 "top1": hits_sum / max(teacher_tokens, 1), "lr": scheduler.get_last_lr()[0], "on_policy": on_policy,
                  "grad_norm": None if grad_norm is None else float(grad_norm),
                  "target_tokens_per_second": tokens_done / elapsed, "seconds_per_step": elapsed / max(1, steps_run)})
         if args.eval_every > 0 and state.step % args.eval_every == 0:
