@@ -391,7 +391,10 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
 def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path):
     out = tmp_path / "eagle3"
     summary = run_in_process(cli(world, out, drafter="eagle3", target_layers="1,2,2", ttt_steps=2, max_steps=30,
-                                 eval_every=30, save_every=0, learning_rate=1e-2, draft_vocab_size=64))
+                                 eval_every=30, save_every=0, learning_rate=1e-2, draft_vocab_size=64,
+                                 max_train_tokens=700))
+    data = summary["data"]  # a seeded subset of the prepared set
+    assert 0 < data["train_target_tokens"] <= 700 < data["subset_of"]["target_tokens"]
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < log[0]["loss"]
     assert_evaluated_speculatively(summary["best"])

@@ -295,7 +295,7 @@ def main(argv=None) -> dict:
         last_metrics = run_eval()  # the final weights are always evaluated
     summary = {"final_step": state.step, "stopped_by_time_budget": state.step < args.max_steps, "final_loss": state.last_loss, "best_step": state.best_step, "best": state.best,
                "resumed_from": resumed_from, "data": {k: train.meta.get(k) for k in ("throughput", "train_records",
-                                                                                    "train_target_tokens", "cache_folder", "skipped")}}
+                                                                                    "train_target_tokens", "subset_of", "cache_folder", "skipped")}}
     if is_main:
         final = AutoDrafter.from_pretrained(best_folder(output_dir), dtype=torch.float32)
         final.config.training = training_info(state.step)
