@@ -211,7 +211,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     shutil.copytree(world["agreeing"], snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
-    drafters = {**{kind: str(world[kind]) for kind in (*SPEC_KINDS, *MEDUSA_KINDS)}, "hub": "someone/tiny-drafter"}
+    drafters = {**{kind: str(world[kind]) for kind in (*SPEC_KINDS, *MEDUSA_KINDS, "eagle3")}, "hub": "someone/tiny-drafter"}
     prompts = [p[0].tolist() for p in random_prompts(3, seed=11)]
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -224,7 +224,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     for name, r in report.items():
         assert r["identical"] == [True] * len(prompts), name
     assert report["agreeing"]["accepted"] > 0 and report["hub"]["accepted"] == report["agreeing"]["accepted"]
-    assert all(report[kind]["drafted"] > 0 for kind in MEDUSA_KINDS) and report["medusa"]["accepted"] > 0  # tree drafts
+    assert all(report[kind]["drafted"] > 0 for kind in (*MEDUSA_KINDS, "eagle3")) and report["medusa"]["accepted"] > 0
     assert any((tmp_path / "hf" / "modules" / "transformers_modules").rglob("generate.py"))  # transformers' copy ran
 
 
