@@ -19,7 +19,7 @@ RECIPE="--drafter eagle3 --ttt-steps 3 --batch-size 8 --max-steps ${STEPS:-100} 
   --eval-every ${STEPS:-100} --eval-prompts 8 --eval-max-new-tokens 64 --save-every 25 --log-every 5"
 mkdir -p "$RUNS"
 python -m training.distill $DATA --drafter eagle3 --prepare-only --output-dir "$RUNS/prep-eagle3-$NUM_SCORE" --resume
-drafters=()
+drafters=(${BASELINES:-})   # e.g. BASELINES=ngram: a model-free row measured the same way
 for n in $SIZES; do
   out="$RUNS/eagle3-$TAG-$n"
   if [ ! -f "$out/training_summary.json" ]; then
