@@ -603,6 +603,8 @@ def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
     (["--batch-size", "-2", "--top-k", "0"], "--top-k must be >= 1 (got 0); --batch-size must be >= 1 (got -2)"),
     (["--on-policy-ratio", "1.5"], "--on-policy-ratio must lie in [0, 1]"),
     (["--resume", "--overwrite"], "pass one"),
+    (["--drafter", "eagle3", "--target-layers", "2,15"], "--target-layers must be three target layers, e.g. 2,15,27"),
+    (["--drafter", "eagle3", "--target-layers", "9,1,1"], "--target-layers 9,1,1: an EAGLE-3 drafter reads three target layers, each in 1..2"),
     (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, eagle3, medusa"),
 ])
 def test_bad_arguments_are_input_errors(world, tmp_path, argv, message):

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from hf_specdec.cache.hidden import decoder_layers, final_norm
 from hf_specdec.errors import InputError
@@ -33,6 +33,7 @@ from hf_specdec.models.medusa import MedusaConfig
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 
 from .losses import distill_loss, token_loss
+from .target import target_folder
 
 ALIASES = {"new": "draft-model"}  # the trainer's historical name for a new token-only drafter
 
@@ -114,6 +115,9 @@ class Adapter:
 
     def measure(self, model, batch: dict) -> dict:
         return {}
+
+    def check(self, args, folder: str | None) -> None:
+        """Refuse (an `InputError`) arguments this kind cannot use with the target, before any model loads."""
 
     def feature_modules(self, target, args, folder: str | None) -> tuple[list, str]:
         """The target modules whose outputs the batches carry as `features` (feature kinds), and a name for them:
@@ -209,24 +213,30 @@ class Eagle3(Adapter):
 
     reads_target_features = True
 
-    def layer_ids(self, target, args, folder: str | None) -> list[int]:
+    def layer_ids(self, target_config, args, folder: str | None) -> list[int]:
         if folder is not None:
             return list(json.loads((Path(folder) / "config.json").read_text())["target_layer_ids"])
         if args.target_layers:
             return [int(i) for i in args.target_layers.split(",")]
-        return Eagle3Config.from_target(target.config, draft_vocab_size=1).target_layer_ids
+        return Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
+
+    def check(self, args, folder):
+        try:  # the target's config only (a target that cannot load is refused by its loading, with its own message)
+            target_config = AutoConfig.from_pretrained(target_folder(args))
+        except (OSError, ValueError):
+            return
+        ids, count = self.layer_ids(target_config, args, folder), target_config.get_text_config().num_hidden_layers
+        if not all(1 <= i <= count for i in ids):
+            raise InputError(f"--target-layers {','.join(map(str, ids))}: an EAGLE-3 drafter reads three target layers, "
+                             f"each in 1..{count} (the state entering layer i).")
 
     def feature_modules(self, target, args, folder):
-        ids = self.layer_ids(target, args, folder)
-        layers = decoder_layers(target)
-        if len(ids) != 3 or not all(1 <= i <= len(layers) for i in ids):
-            raise InputError(f"--target-layers {','.join(map(str, ids))}: an EAGLE-3 drafter reads three target layers, "
-                             f"each in 1..{len(layers)} (the state entering layer i).")
-        return [layers[i - 1] for i in ids], "layers-" + "-".join(map(str, ids))
+        ids = self.layer_ids(target.config, args, folder)
+        return [decoder_layers(target)[i - 1] for i in ids], "layers-" + "-".join(map(str, ids))
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = Eagle3Config.from_target(
-            target.config, draft_vocab_size=draft_vocab, layer_ids=self.layer_ids(target, args, None),
+            target.config, draft_vocab_size=draft_vocab, layer_ids=self.layer_ids(target.config, args, None),
             intermediate_size=args.drafter_intermediate_size or None, target_name_or_path=target_name,
             target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens)
         return self.kind.model_class(config)

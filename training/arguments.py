@@ -129,6 +129,9 @@ def parse_args(argv=None) -> Args:
         bad.append(f"--teacher-data {args.teacher_data} with no rows to make: raise --num-generate / --num-score")
     if args.lora and args.drafter in ("new", "draft-model", "eagle", "eagle3", "medusa"):
         bad.append("--lora adapts an existing drafter: pass --drafter PATH")
+    layers = args.target_layers.split(",") if args.target_layers else []
+    if layers and (len(layers) != 3 or not all(x.strip().isdigit() and int(x) >= 1 for x in layers)):
+        bad.append(f"--target-layers must be three target layers, e.g. 2,15,27 (got {args.target_layers!r})")
     if args.resume and args.overwrite:
         bad.append("--resume continues the run in the output folder and --overwrite replaces it: pass one")
     if bad:

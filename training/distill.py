@@ -111,6 +111,7 @@ def main(argv=None) -> dict:
     adapter, continue_from = adapter_for(args.drafter)  # every mistake in the arguments and data before any work
     check_output_dir(args)
     check_data(args)
+    adapter.check(args, continue_from)
     if args.tf32 and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),  # CPU-only: gloo between processes
