@@ -508,7 +508,7 @@ def test_training_time_test_passes_see_what_drafting_ahead_sees():
     positions[:, 3:] = True
     batch = {"input_ids": ids, "positions": positions, "features": torch.randn(2, 9, 3 * 48)}
     with torch.no_grad():
-        passes, weights = adapters.test_time_passes(drafter, batch, steps=3, decay=0.5)
+        passes, weights = adapters.training_time_test_passes(drafter, batch, steps=3, decay=0.5)
         assert weights == [1.0, 0.5, 0.25]
         fused = drafter.fuse(batch["features"])
         for r, logits in enumerate(passes):

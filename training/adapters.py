@@ -249,15 +249,15 @@ class Eagle3(Adapter):
         return model
 
     def logits(self, model, batch):
-        return test_time_passes(model, batch, steps=1, decay=1.0)[0][0], batch["tgt_ids"]
+        return training_time_test_passes(model, batch, steps=1, decay=1.0)[0][0], batch["tgt_ids"]
 
     def loss(self, model, batch, cols, args):
-        all_logits, weights = test_time_passes(model, batch, args.ttt_steps, args.ttt_decay)
+        all_logits, weights = training_time_test_passes(model, batch, args.ttt_steps, args.ttt_decay)
         losses = [w * token_loss(logits, batch, cols, args.loss) for logits, w in zip(all_logits, weights)]
         return sum(losses) / sum(weights), all_logits[0], batch["tgt_ids"]
 
 
-def test_time_passes(model, batch: dict, steps: int, decay: float) -> tuple[list[torch.Tensor], list[float]]:
+def training_time_test_passes(model, batch: dict, steps: int, decay: float) -> tuple[list[torch.Tensor], list[float]]:
     """An EAGLE-3 drafter's draft-vocabulary logits at the teacher positions for `steps` training-time-test passes,
     and each pass's loss weight (decay**r).
 
