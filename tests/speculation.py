@@ -16,7 +16,7 @@ import torch
 from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
-from hf_specdec.cache.hidden import decoder_layers, final_norm
+from hf_specdec.cache.hidden import entering_layers, final_norm
 from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
 
 
@@ -163,7 +163,7 @@ def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: floa
         drafter.set_draft_vocab(draft_vocab)
     drafter.fc.weight.normal_(0, fc_scale)
     drafter.bind_target(target)
-    modules = [decoder_layers(target)[i - 1] for i in drafter.config.target_layer_ids]
+    modules = entering_layers(target, drafter.config.target_layer_ids)
     inputs, nexts = [], []
     for prompt in prompts:
         seq = target.generate(prompt, **generate_kwargs)

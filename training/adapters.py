@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-from hf_specdec.cache.hidden import decoder_layers, final_norm
+from hf_specdec.cache.hidden import entering_layers, final_norm
 from hf_specdec.errors import InputError
 from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of
 from hf_specdec.models.eagle3 import Eagle3Config
@@ -232,7 +232,7 @@ class Eagle3(Adapter):
 
     def feature_modules(self, target, args, folder):
         ids = self.layer_ids(target.config, args, folder)
-        return [decoder_layers(target)[i - 1] for i in ids], "layers-" + "-".join(map(str, ids))
+        return entering_layers(target, ids), "layers-" + "-".join(map(str, ids))
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = Eagle3Config.from_target(

@@ -36,6 +36,13 @@ def decoder_layers(model) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} exposes no list of decoder layers a feature drafter could read.")
 
 
+def entering_layers(model, layer_ids) -> list[nn.Module]:
+    """The modules whose outputs are the hidden states ENTERING these decoder layers (i in 1..N: layer i - 1's output,
+    the residual stream before layer i; i = N is the last layer's output, before the final norm), EAGLE-3's ids."""
+    layers = decoder_layers(model)
+    return [layers[i - 1] for i in layer_ids]
+
+
 class HiddenCapture:
     """Records the outputs of `modules` during a forward, concatenated along the hidden dimension: [B, m, H * n]."""
 

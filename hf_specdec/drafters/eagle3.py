@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache.hidden import decoder_layers
+from ..cache.hidden import entering_layers
 from ..models.eagle3 import Eagle3DraftModel
 from .eagle import EagleDrafter
 
@@ -24,8 +24,7 @@ class Eagle3Drafter(EagleDrafter):
         self.default_num_draft_tokens = model.config.num_draft_tokens_eval or 5
 
     def feature_modules(self, target) -> list:
-        layers = decoder_layers(target)
-        return [layers[i - 1] for i in self.model.config.target_layer_ids]
+        return entering_layers(target, self.model.config.target_layer_ids)
 
     def input_features(self, features: torch.Tensor) -> torch.Tensor:
         return self.model.fuse(features)
