@@ -81,6 +81,19 @@ def world(tmp_path_factory):
     return build_tiny_world(tmp_path_factory.mktemp("tiny"))
 
 
+def decode_like_plain(target, drafter, num_draft_tokens: int, prompts: int = 3, max_new_tokens: int = 16):
+    """Greedy speculative decoding with `drafter` equals plain greedy on a few random prompts; returns the stats."""
+    stats = hf_specdec.SpeculationStats()
+    for seed in range(prompts):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, assistant=drafter,
+                               custom_generate=hf_specdec.speculative_generate, num_draft_tokens=num_draft_tokens,
+                               speculation_stats=stats)
+        assert torch.equal(plain, spec)
+    return stats
+
+
 def cli(world, out: Path, **overrides) -> list[str]:
     options = {
         "target": world["target"], "data": world["data"], "exclude_ids": world["dev"], "num_generate": 24,
@@ -254,14 +267,7 @@ def test_saved_folder_round_trips_and_decodes_exactly(world, trained):
     assert card.startswith("---\n") and "library_name: hf-specdec" in card and "speculative-decoding" in card
     assert "%.3f" % config.measured["mean_accepted_tokens"] in card and config.training["command"] in card
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
-    stats = hf_specdec.SpeculationStats()
-    for seed in range(4):
-        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
-        plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
-        spec = target.generate(prompt, max_new_tokens=20, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                               assistant=drafter, num_draft_tokens=5, speculation_stats=stats)
-        assert torch.equal(plain, spec)
-    assert stats.accepted_tokens > 0
+    assert decode_like_plain(target, drafter, 5, prompts=4, max_new_tokens=20).accepted_tokens > 0
 
 
 def test_log_and_best_checkpoint(trained):
@@ -357,12 +363,7 @@ def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     assert isinstance(drafter, SpecDrafterForCausalLM) and drafter.config.target_feature_input
     assert isinstance(hf_specdec.as_drafter(drafter), hf_specdec.drafters.EagleDrafter)
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
-    for seed in range(3):
-        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
-        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                               assistant=drafter, num_draft_tokens=4)
-        assert torch.equal(plain, spec)
+    decode_like_plain(target, drafter, 4)
 
 
 def test_eagle_passes_feed_back_their_own_hidden_states(world):
@@ -404,12 +405,7 @@ def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path
     drafter = hf_specdec.AutoDrafter.from_pretrained(out, target=target)
     assert isinstance(drafter, hf_specdec.Eagle3DraftModel) and drafter.config.target_layer_ids == [1, 2, 2]
     assert drafter.config.draft_vocab_size == 64 and drafter.config.measured["mean_accepted_tokens"] > 0
-    for seed in range(3):
-        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
-        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                               assistant=drafter, num_draft_tokens=4)
-        assert torch.equal(plain, spec)
+    decode_like_plain(target, drafter, 4)
     assert cli_main(["export", str(out), "--format", "vllm-eagle3", "--target", str(world["target"]),
                      "--out", str(tmp_path / "vllm")]) == 0
 
@@ -547,12 +543,7 @@ def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
     assert isinstance(heads, hf_specdec.MedusaHeads) and heads.config.num_heads == 2
     assert (out / "README.md").exists()
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
-    for seed in range(3):
-        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
-        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-        spec = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                               assistant=heads, num_draft_tokens=2)
-        assert torch.equal(plain, spec)
+    decode_like_plain(target, heads, 2)
 
 
 # --- a registered kind trains with no edit to the trainer ----------------------------------------------------------------
