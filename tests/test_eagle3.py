@@ -14,6 +14,7 @@ from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_eagle3, lie_about_second_q
 from tests.test_batch import PAD, left_pad
+from tests.test_eagle import RecordingEagle
 
 ARCHS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
 
@@ -63,18 +64,8 @@ def test_eagle3_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_t
     assert_speculated(stats, depth=2, rows=5, uneven=True)  # (the last row stops after 5 tokens)
 
 
-class RecordingEagle3(Eagle3Drafter):
-    """Keeps each row's recorded target states when it leaves the batch, by its original row index."""
-
-    def start(self, *args, **kwargs):
-        super().start(*args, **kwargs)
-        self.row_ids, self.final = list(range(len(self.features))), {}
-
-    def select_rows(self, rows):
-        for b, original in enumerate(self.row_ids):
-            self.final[original] = self.features[b]
-        self.row_ids = [self.row_ids[b] for b in rows]
-        super().select_rows(rows)
+class RecordingEagle3(RecordingEagle, Eagle3Drafter):
+    """test_eagle's recorder (each row's features kept when it leaves the batch) on an EAGLE-3 drafter."""
 
 
 def test_eagle3_receives_the_states_entering_its_layers(one_thread):
