@@ -103,8 +103,8 @@ def check_name(spec: str) -> None:
             continue
         if (name == "self" and (not variant or variant.isdigit())) or (name == "layers" and variant.isdigit()):
             continue
-        if (name in shipped_drafter_names() or name.count("/") == 1) and (not variant or variant in ("chain", "tree")
-                                                                          or variant.isdigit()):
+        readable = name in shipped_drafter_names() or name.count("/") == 1 or Path(name).exists()  # a saved run too
+        if readable and (not variant or variant in ("chain", "tree") or variant.isdigit()):
             continue
         raise UnknownDrafterError(f"Unknown drafter {part!r}. Known: {known_names()}.")
 

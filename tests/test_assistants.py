@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, speculative_generate
+from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, as_drafter, speculative_generate
+from hf_specdec.assistants import check_name
 from hf_specdec.auto_drafter import UnknownDrafterError
 from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_llama
@@ -43,6 +44,17 @@ def test_a_hub_id_that_cannot_be_read_says_why_and_lists_the_names(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UnknownDrafterError, match=r"Could not read the drafter 'someone/missing' \(.+\)\. Known names"):
         AutoDrafter.from_pretrained("someone/missing")
+
+
+def test_a_saved_medusa_folder_takes_a_suffix(tmp_path):
+    """`runs/x/heads:chain` (a trained run, any depth of folders) passes the command line's check and loads as a chain."""
+    target = tiny_llama()
+    folder = tmp_path / "runs" / "medusa-run"
+    MedusaHeads(MedusaConfig.from_target(target.config, num_heads=3)).save_pretrained(folder)
+    check_name(f"{folder}:chain")
+    assert as_drafter(f"{folder}:chain", target=target).tree is None
+    with pytest.raises(UnknownDrafterError, match="Unknown drafter"):
+        check_name(f"{tmp_path}/runs/missing:chain")
 
 
 def test_medusa_suffixes_are_for_medusa_heads_only():
