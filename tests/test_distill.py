@@ -425,6 +425,29 @@ def test_a_larger_set_reuses_the_parts_a_smaller_one_made(world, tmp_path):
     assert len(a) == 20 and all(torch.equal(a.t[k], b.t[k]) for k in a.t)
 
 
+def test_scoring_records_a_feature_drafters_states_in_the_same_forward(world, tmp_path):
+    """Preparing for --drafter eagle3, the parts scored now get their states from the scoring forward itself; a part an
+    earlier token-only preparation made gets one pass of its own; and the merged file equals a separate pass over the
+    whole set, row for row."""
+    from hf_specdec.cache.hidden import entering_layers
+
+    common = dict(prepare_only=True, teacher_data="score", num_generate=0, prepare_part_size=8, heldout_prompts=2,
+                  data_cache_dir=tmp_path / "cache")
+    run_in_process(cli(world, tmp_path / "a", num_score=8, **common))  # part 0, without states
+    passes, separate_pass = [], teacher_data.attach_target_features
+    with mock.patch.object(teacher_data, "attach_target_features",
+                           side_effect=lambda t, data, *a, **k: passes.append(len(data)) or separate_pass(t, data, *a, **k)):
+        summary = run_in_process(cli(world, tmp_path / "b", num_score=20, drafter="eagle3", target_layers="1,2,2", **common))
+    assert passes == [8]  # part 0 only: parts 1 and 2 (12 texts) were scored with their states
+    folder = Path(summary["data"]["cache_folder"])
+    fused = np.load(folder / "features-train-layers-1-2-2.npy")
+    data = teacher_data.TeacherData.load(folder / "train.safetensors")
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    separate_pass(target, data, tmp_path / "separate.npy", entering_layers(target, [1, 2, 2]), False)
+    assert fused.shape == data.features.shape == (int(data.t["tok_off"][-1]), 3 * 64) and np.abs(fused).min(1).all()
+    np.testing.assert_allclose(fused, np.asarray(data.features), atol=2e-3, rtol=2e-3)
+
+
 def test_target_features_are_memory_mapped_and_a_killed_pass_continues(tmp_path):
     """The feature pass writes a memory-mapped .npy as it goes; killed mid-way, a rerun continues from its last saved
     batch and ends with the file an uninterrupted pass writes."""

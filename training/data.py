@@ -1,6 +1,6 @@
 """Teacher data: the target's own greedy answers and/or the target scoring existing assistant turns, per token its
-top-K log-probs (and, for feature drafters, its final hidden states), prepared once and cached on disk; and the
-batches the training loop reads.
+top-K log-probs (and, for feature drafters, the hidden states they read, recorded by the scoring forward itself),
+prepared once and cached on disk; and the batches the training loop reads.
 
 Prompts whose id appears in shared/data/dev_prompts.jsonl (or whose text equals one of those prompts) never enter
 the data: acceptance measured on the dev prompts stays honest.
@@ -8,6 +8,7 @@ the data: acceptance measured on the dev prompts stays honest.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import itertools
@@ -249,10 +250,19 @@ def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, sourc
 
 @torch.no_grad()
 def score_sequences(target, sequences: list[tuple[list[int], int]], k: int, pad: int, batch_size: int, source: Source,
-                    show: bool = False, desc: str = "scoring") -> tuple[list[dict], dict]:
-    """Teacher-forced target forward over (tokens, start) pairs; top-K log-probs for tokens[start:]."""
+                    show: bool = False, desc: str = "scoring", features: tuple[list, Path] | None = None) -> tuple[list[dict], dict]:
+    """Teacher-forced target forward over (tokens, start) pairs; top-K log-probs for tokens[start:]. With `features`
+    (modules, path), the same forward also records those modules' outputs at every token, written to `path` (an fp16
+    .npy, the sequences' rows in order): a feature drafter's states cost no second pass."""
+    from hf_specdec.cache.hidden import HiddenCapture
+
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     records, targets, seen, t0 = [None] * len(sequences), 0, 0, time.perf_counter()
+    if features is not None:
+        capture, rows = HiddenCapture(features[0]), [0, *itertools.accumulate(len(t) for t, _ in sequences)]
+        partial = features[1].with_name(features[1].name + ".partial")
+        states = numpy.lib.format.open_memmap(partial, mode="w+", dtype=numpy.float16, shape=(
+            rows[-1], target.config.get_text_config().hidden_size * len(features[0])))
     bar = tqdm(total=len(sequences), desc=desc, disable=not show, unit="seq")
     for b in range(0, len(order), batch_size):
         batch = order[b : b + batch_size]
@@ -260,16 +270,23 @@ def score_sequences(target, sequences: list[tuple[list[int], int]], k: int, pad:
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         for row, i in enumerate(batch):
             ids[row, : len(sequences[i][0])] = torch.tensor(sequences[i][0])
-        logits = target(input_ids=ids.to(target.device), use_cache=False).logits  # right padding: no mask needed
+        with capture.recording() if features is not None else contextlib.nullcontext():
+            logits = target(input_ids=ids.to(target.device), use_cache=False).logits  # right padding: no mask needed
         for row, i in enumerate(batch):
             tokens, start = sequences[i]
             top_ids, top_lps = topk_logprobs(logits[row, start - 1 : len(tokens) - 1], k)
             records[i] = make_record(tokens, start, top_ids, top_lps, source)
+            if features is not None:
+                states[rows[i] : rows[i + 1]] = capture.hidden[row, : len(tokens)].half().cpu().numpy()
             targets += len(tokens) - start
             seen += len(tokens)
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{targets / (time.perf_counter() - t0):.0f}")
     bar.close()
+    if features is not None:
+        states.flush()
+        del states
+        os.replace(partial, features[1])
     return records, {"tokens": targets, "forward_tokens": seen, "seconds": time.perf_counter() - t0}
 
 
@@ -434,28 +451,67 @@ def data_cache_key(args: Args, parts: bool = False) -> str:
     return f"{name}-{args.target_quantization}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
 
 
-def in_parts(stem: Path, items: list, size: int, make) -> tuple[list[dict], dict]:
-    """`make(items)` -> (records, stats), in parts of `size` items, each saved (atomically) as STEM-part-N-of-SIZE.pt as it
-    is done: a run killed mid-preparation continues from its last complete part. The items are a fixed function of
-    the arguments (and a prefix of a longer run's), so a part on disk holding as many items is the part this run
-    would make; a shorter last part of a smaller run is made again."""
-    records, totals = [], Counter()
+def in_parts(stem: Path, items: list, size: int, make, states: PartStates | None = None) -> tuple[list[dict], dict, list]:
+    """`make(items, states_path)` -> (records, stats), in parts of `size` items, each saved (atomically) as
+    STEM-part-N-of-SIZE.pt as it is done: a run killed mid-preparation continues from its last complete part. The items
+    are a fixed function of the arguments (and a prefix of a longer run's), so a part on disk holding as many items is
+    the part this run would make; a shorter last part of a smaller run is made again. With `states`, every part also
+    gets the file of its records' target states (`make` writes it, or one pass over a part made without it does), and
+    the third value says where each record's states are: (file, first row)."""
+    records, totals, where = [], Counter(), []
     for number, start in enumerate(range(0, len(items), size)):
         path = stem.with_name(f"{stem.name}-part-{number:05d}-of-{size}.pt")  # (the size decides what a part holds)
+        states_path = states.path(path) if states else None
         part = torch.load(path, weights_only=True) if path.is_file() else None
         if part is None or part["items"] != len(items[start : start + size]):
-            made, stats = make(items[start : start + size])
+            made, stats = make(items[start : start + size], states_path)
             part = {"records": made, "stats": stats, "items": len(items[start : start + size])}
             torch.save(part, path.with_name(path.name + ".tmp"))
             os.replace(path.with_name(path.name + ".tmp"), path)
+        if states is not None:
+            where += states.locate(part["records"], states_path)
         records += part["records"]
         totals.update(part["stats"])
-    return records, dict(totals)
+    return records, dict(totals), where
 
 
-def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherData, TeacherData]:
+class PartStates:
+    """The target states a feature drafter reads (`modules`' outputs, named `which`), kept per part of the teacher data
+    and merged into the set's memory-mapped file in the records' order."""
+
+    def __init__(self, target, modules: list, which: str, show: bool):
+        self.target, self.modules, self.which, self.show = target, modules, which, show
+
+    def path(self, part: Path) -> Path:
+        return part.with_name(f"{part.stem}.features-{self.which}.npy")
+
+    def locate(self, records: list[dict], path: Path) -> list[tuple[str, int]]:
+        if not path.exists():  # a part made before these states were asked for (or by self-generation): one pass
+            attach_target_features(self.target, TeacherData.from_records(records, {}), path, self.modules, self.show)
+        rows = [0, *itertools.accumulate(len(r["tokens"]) for r in records)]
+        return [(str(path), row) for row in rows[:-1]]
+
+    @staticmethod
+    def merge(where: list[tuple[str, int]], lengths: list[int], path: Path) -> None:
+        """The set's states file from the parts' (streamed row block by row block: never the whole set in RAM)."""
+        sources = {name: numpy.load(name, mmap_mode="r") for name in dict.fromkeys(name for name, _ in where)}
+        width = next(iter(sources.values())).shape[1] if sources else 0
+        partial = path.with_name(path.name + ".partial")
+        out = numpy.lib.format.open_memmap(partial, mode="w+", dtype=numpy.float16, shape=(sum(lengths), width))
+        row = 0
+        for (name, first), n in zip(where, lengths):
+            out[row : row + n] = sources[name][first : first + n]
+            row += n
+        out.flush()
+        del out
+        os.replace(partial, path)
+
+
+def prepare_data(args: Args, accelerator, target, tokenizer, features: tuple[list, str] | None = None
+                 ) -> tuple[TeacherData, TeacherData]:
     """Build (once; cached on disk) the training and held-out teacher data. Every process takes a share of the prompts;
-    the main process merges the shares; every process then reads the merged files."""
+    the main process merges the shares; every process then reads the merged files. With `features` (modules, name),
+    the scoring forwards also record the states a feature drafter reads, merged into features-train-NAME.npy."""
     root = Path(args.data_cache_dir) if args.data_cache_dir else cache_dir() / "distill-data"
     folder = root / data_cache_key(args)
     done = folder / "meta.json"
@@ -500,16 +556,20 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
         folder.mkdir(parents=True, exist_ok=True)
         parts = root / "parts" / data_cache_key(args, parts=True)
         parts.mkdir(parents=True, exist_ok=True)
-        gen_records, gen_stats = in_parts(parts / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
-                                          lambda part: self_generate(target, tokenizer, part, args, Source.SELF_GENERATED, show))
-        score_records, score_stats = in_parts(parts / f"score-{rank}", mine(scored), args.prepare_part_size,
-                                              lambda part: score_sequences(target, part, args.top_k, tokenizer.pad_token_id,
-                                                                           args.score_batch_size, Source.SCORED, show))
+        states = PartStates(target, *features, show) if features else None
+        gen_records, gen_stats, gen_where = in_parts(
+            parts / f"gen-{rank}", mine([p for _, p, _ in gen]), args.prepare_part_size,
+            lambda part, _: self_generate(target, tokenizer, part, args, Source.SELF_GENERATED, show), states)
+        score_records, score_stats, score_where = in_parts(
+            parts / f"score-{rank}", mine(scored), args.prepare_part_size,
+            lambda part, path: score_sequences(target, part, args.top_k, tokenizer.pad_token_id, args.score_batch_size,
+                                               Source.SCORED, show, features=(states.modules, path) if states else None),
+            states)
         held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, Source.SELF_GENERATED, show)
         shard = folder / f"shard-{rank}.pt"
         torch.save({"gen": gen_records, "score": score_records, "held": held_records, "gen_stats": gen_stats,
-                    "score_stats": score_stats, "heldout_ids": [ex["id"] for ex, _, _ in heldout]},
-                   shard.with_name(shard.name + ".tmp"))
+                    "score_stats": score_stats, "heldout_ids": [ex["id"] for ex, _, _ in heldout],
+                    "gen_where": gen_where, "score_where": score_where}, shard.with_name(shard.name + ".tmp"))
         os.replace(shard.with_name(shard.name + ".tmp"), shard)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -535,6 +595,9 @@ def prepare_data(args: Args, accelerator, target, tokenizer) -> tuple[TeacherDat
             held = TeacherData.from_records(interleave("held"), meta)
             train.save(folder / "train.safetensors")
             held.save(folder / "heldout.safetensors")
+            if features:  # (before meta.json: a set marked done has its states, or none were asked for)
+                PartStates.merge(interleave("gen_where") + interleave("score_where"), train.lengths().tolist(),
+                                 folder / f"features-train-{features[1]}.npy")
             meta.update(train_records=len(train), train_target_tokens=int(train.t["tgt_off"][-1]),
                         heldout_records=len(held))
             meta["skipped"] = skipped

@@ -146,7 +146,8 @@ def main(argv=None) -> dict:
     set_seed(args.seed)
     with accelerator.main_process_first():
         target, tokenizer = load_target(args, accelerator.device)
-    train, heldout = prepare_data(args, accelerator, target, tokenizer)
+    features = adapter.feature_modules(target, args, continue_from) if adapter.reads_target_features else None
+    train, heldout = prepare_data(args, accelerator, target, tokenizer, features)
     if args.extra_data:
         extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
         for part, folder in zip(extra, [f for f in args.extra_data.split(",") if f]):
@@ -155,9 +156,8 @@ def main(argv=None) -> dict:
         with accelerator.main_process_first():
             for part in [train, heldout] + (extra if args.extra_data else []):
                 name = "heldout" if part is heldout else "train"
-                modules, which = adapter.feature_modules(target, args, continue_from)
-                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}-{which}.npy",
-                                       modules, accelerator.is_main_process)
+                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}-{features[1]}.npy",
+                                       features[0], accelerator.is_main_process)
     if args.extra_data:
         meta = train.meta
         train = TeacherData.concat([train] + extra)
