@@ -612,6 +612,19 @@ def prepare_data(args: Args, accelerator, target, tokenizer, features: tuple[lis
     return train, held
 
 
+def epoch_batches(lengths: torch.Tensor, epoch: int, global_batch: int, seed: int) -> list[list[int]]:
+    """Shuffled, length-grouped global batches of one epoch (a fixed function of seed and epoch)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(len(lengths), generator=g).tolist()
+    group = global_batch * 16
+    batches = []
+    for s in range(0, len(perm) - global_batch + 1, group):
+        chunk = sorted(perm[s : s + group], key=lambda i: int(lengths[i]))
+        batches += [chunk[b : b + global_batch] for b in range(0, len(chunk) - global_batch + 1, global_batch)]
+    order = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in order]
+
+
 def collate(records: list[dict], pad: int) -> dict:
     """Right-padded inputs and a [B, L] mask of the positions whose next token has teacher targets."""
     width = max(len(r["tokens"]) for r in records)

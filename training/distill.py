@@ -4,7 +4,7 @@
         --output-dir runs/smollm2-drafter
     python -m training.distill ...                                  # the same, one process
     accelerate launch --cpu --num_processes 2 -m training.distill ...  # two CPU processes (gloo; accelerate itself
-                                       # starts one here, see relaunch_for_cpu_processes)
+                                       # starts one here: see launch.py)
 
 This file is the run, top to bottom: check the arguments and data, load the target, prepare (or read) the teacher
 data, build the drafter, train, evaluate through the real decoding loop, checkpoint, publish, push. Beside it:
@@ -15,6 +15,7 @@ data, build the drafter, train, evaluate through the real decoding loop, checkpo
   losses.py       fkl, rkl, tvd, jsd, the LK losses, ce on the target's top-K + "rest" buckets
   evaluate.py     acceptance through `speculative_generate` on held-out prompts
   checkpoints.py  checkpoints, the best drafter, the published folder, card and push (all written atomically)
+  launch.py       `accelerate launch --cpu --num_processes N`: the N gloo processes
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from .adapters import Adapter, adapter_for, unwrap_drafter
 from .arguments import Args, check_output_dir, parse_args, run_args_path
 from .checkpoints import (TrainState, best_folder, data_description, latest_checkpoint, load_checkpoint, publish_drafter,
                           push_to_hub, save_checkpoint, save_drafter, training_command)
-from .data import TeacherData, attach_target_features, check_data, collate, on_policy_records, prepare_data, write_atomically
+from .data import (TeacherData, attach_target_features, check_data, collate, epoch_batches, on_policy_records, prepare_data,
+                   write_atomically)
+from .launch import relaunch_for_cpu_processes
 from .evaluate import column_map, evaluate, top1_hits
 from .target import eos_ids, load_target, target_folder, target_id
 
@@ -76,19 +79,6 @@ def mergeable_copy(model):
     if hasattr(model, "merge_and_unload"):
         return copy.deepcopy(model).merge_and_unload()
     return model
-
-
-def epoch_batches(lengths: torch.Tensor, epoch: int, global_batch: int, seed: int) -> list[list[int]]:
-    """Shuffled, length-grouped global batches of one epoch (a fixed function of seed and epoch)."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(len(lengths), generator=g).tolist()
-    group = global_batch * 16
-    batches = []
-    for s in range(0, len(perm) - global_batch + 1, group):
-        chunk = sorted(perm[s : s + group], key=lambda i: int(lengths[i]))
-        batches += [chunk[b : b + global_batch] for b in range(0, len(chunk) - global_batch + 1, global_batch)]
-    order = torch.randperm(len(batches), generator=g).tolist()
-    return [batches[i] for i in order]
 
 
 def lr_lambda(args: Args):
@@ -309,35 +299,6 @@ def main(argv=None) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
-
-
-def relaunch_for_cpu_processes() -> None:
-    """Make `accelerate launch --cpu --num_processes N` start N gloo processes.
-
-    accelerate (1.15) starts ONE process for that command unless `mpirun` is configured (accelerate issue #2741): it
-    only sets ACCELERATE_USE_CPU and MASTER_ADDR/PORT. When that is what we see, re-run this script under
-    `torch.distributed.run` with the N processes the launcher was asked for (read from its command line); each child
-    then finds WORLD_SIZE and ACCELERATE_USE_CPU, and `Accelerator` sets up gloo. Anything else is left alone.
-    """
-    env = os.environ
-    launched_alone = env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in env and not any(
-        k in env for k in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"))
-    if not launched_alone:
-        return
-    try:
-        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
-        from accelerate.commands.launch import launch_command_parser
-
-        launch_args = parent[parent.index("launch") + 1 :]
-        parsed, _ = launch_command_parser().parse_known_args(launch_args)
-        n = int(parsed.num_processes or 1)
-    except Exception:  # not Linux, or not started by `accelerate launch`
-        return
-    if n > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
-                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), "-m", __spec__.name, *sys.argv[1:]]
-        print(f"[distill] accelerate started one process for --cpu --num_processes {n}; relaunching {n} gloo processes", flush=True)
-        os.execv(sys.executable, command)
 
 
 if __name__ == "__main__":
