@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The EAGLE-3 data curve and the comparison rows of BENCHMARKS.md ("Drafters trained on one prepared set"): teacher
-# data prepared once (ShareGPT answers scored teacher-forced by the fp32 SmolLM2, top-32 log-probs, the states entering
-# layers 2, 15 and 27), then one recipe on nested subsets of N target tokens (--max-train-tokens), and each drafter
+# data prepared once (ShareGPT answers scored teacher-forced by the fp32 SmolLM2, top-32 log-probs, and in the same
+# forward the states entering layers 2, 15 and 27), then one recipe on nested subsets of N target tokens (--max-train-tokens), and each drafter
 # measured on the first 30 dev prompts at k = 5 (tokens per target forward: timing-free).
 #   NUM_SCORE=1024 SIZES="62500 125000 250000" bash benchmarks/eagle3_curve.sh     # this machine, one sitting
 #   NUM_SCORE=8192 SIZES="2000000" bash benchmarks/eagle3_curve.sh                 # the 2M point: reuses the parts
+#                                   (the four made before states were recorded in scoring get one states pass each)
 # Every step resumes: the preparation from its last part, a training run from its last checkpoint (--resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
