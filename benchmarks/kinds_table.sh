@@ -4,7 +4,9 @@
 # prepared set, for 100 steps (the EAGLE-3 row's steps) and, for the cheaper kinds, for about the EAGLE-3 row's
 # training time (token-only: 300 steps; Medusa: 900), then measured like the curve (first 30 dev prompts, greedy,
 # k = 5, 128 new tokens). The EAGLE-3 row is the curve's eagle3-fkl-250000 (benchmarks/eagle3_curve.sh). ROWS adds
-# assistants to the same measurement, e.g. ROWS="ngram+medusa:chain".
+# assistants to the same measurement, e.g. ROWS="ngram+medusa:chain". Last, the teacher's quantization: the same texts
+# scored by the deployed 4-bit (bitsandbytes) target, the 100-step token-only recipe trained on them, and both
+# teachers' token-only drafters measured against the 4-bit target, beside n-gram lookup.
 #   bash benchmarks/kinds_table.sh
 # Every run resumes from its last checkpoint; a finished one is not retrained.
 set -euo pipefail
@@ -30,3 +32,11 @@ for spec in ${SPECS:-token-only:100 eagle1:100 medusa:100 token-only:300 medusa:
 done
 python benchmarks/acceptance.py --drafters "${drafters[@]}" ${ROWS:-} --prompts ../shared/data/dev_prompts.jsonl \
   --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 --json benchmarks/results/kinds_table.json
+out="$RUNS/kinds-token-only-4bit-teacher-$TOKENS"
+if [ ! -f "$out/training_summary.json" ]; then
+  python -m training.distill $DATA $RECIPE ${KIND[token-only]} --max-steps 100 --eval-every 100 --target-quantization 4bit \
+    --output-dir "$out" --resume
+fi
+python benchmarks/acceptance.py --target-quantization 4bit --drafters ngram "$RUNS/kinds-token-only-$TOKENS" "$out" \
+  --prompts ../shared/data/dev_prompts.jsonl --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 \
+  --json benchmarks/results/teacher_quantization.json
