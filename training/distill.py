@@ -51,8 +51,8 @@ from .checkpoints import (TrainState, best_folder, data_description, latest_chec
                           push_to_hub, save_checkpoint, save_drafter, training_command)
 from .data import (TeacherData, attach_target_features, check_data, collate, epoch_batches, on_policy_records, prepare_data,
                    write_atomically)
-from .launch import relaunch_for_cpu_processes
 from .evaluate import column_map, evaluate, top1_hits
+from .launch import relaunch_for_cpu_processes
 from .target import eos_ids, load_target, target_folder, target_id
 
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # it warns on every 8-bit CPU matmul
