@@ -730,6 +730,26 @@ def test_bf16_runs_the_target_in_bf16_and_the_drafter_in_mixed_precision(world, 
     assert target.dtype == torch.bfloat16
 
 
+def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_fp32_target(world, tmp_path):
+    """--teacher-dtype bfloat16 (twice the CPU scoring rate) scores, self-generates and records states with a bf16 copy
+    loaded from the files; the target the drafter is evaluated against stays fp32."""
+    teacher, judged = [], []
+    spy = lambda real, seen: lambda model, *a, **k: seen.append(model.dtype) or real(model, *a, **k)  # noqa: E731
+    with mock.patch.object(teacher_data, "score_sequences", spy(teacher_data.score_sequences, teacher)), \
+            mock.patch.object(teacher_data, "self_generate", spy(teacher_data.self_generate, teacher)), \
+            mock.patch.object(distill, "evaluate", lambda acc, adapter, model, target, *a: judged.append(target.dtype)
+                              or evaluate.evaluate(acc, adapter, model, target, *a)):
+        summary = run_in_process(cli(world, tmp_path / "run", teacher_dtype="bfloat16", drafter="eagle3", max_steps=2,
+                                     eval_every=2, save_every=0, data_cache_dir=tmp_path / "cache"))
+    assert len(teacher) >= 3 and set(teacher) == {torch.bfloat16}  # generation, scoring, held-out states: all bf16
+    assert judged and set(judged) == {torch.float32} and summary["best"]["target_forwards"] > 0
+    folder = Path(summary["data"]["cache_folder"])
+    assert json.loads((folder / "meta.json").read_text())["teacher_dtype"] == "bfloat16"
+    key = lambda **dtypes: teacher_data.data_cache_key(arguments.parse_args(cli(world, tmp_path, **dtypes)))  # noqa: E731
+    assert folder.name == key(teacher_dtype="bfloat16") == key(dtype="bfloat16")  # same teacher numerics, same data
+    assert key() == key(teacher_dtype="float32") != folder.name  # and the fp32 data keeps its own folder (and name)
+
+
 def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_path):
     """Teacher data is made in parts saved as they are done: after a kill, the next run makes only the missing parts
     and ends with exactly the data an uninterrupted preparation makes."""

@@ -29,7 +29,8 @@ from hf_specdec.errors import InputError, json_lines, one_line
 
 from .adapters import unwrap_drafter
 from .arguments import Args
-from .target import cut_after_eos, eos_ids, greedy_generation_config, target_folder, target_id, topk_logprobs
+from .target import (cut_after_eos, eos_ids, greedy_generation_config, target_folder, target_id, teacher_dtype,
+                     topk_logprobs)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"
@@ -441,7 +442,7 @@ def data_cache_key(args: Args, parts: bool = False) -> str:
     exclusions = default_exclusion_file() if args.exclude_ids == "auto" else Path(args.exclude_ids or "none")
     key = {
         "version": DATA_FORMAT_VERSION, "target": target_id(args), "target_files": file_fingerprint(Path(target_folder(args))),
-        "quantization": args.target_quantization, **({"dtype": args.dtype} if args.dtype != "float32" else {}),
+        "quantization": args.target_quantization, **({"dtype": teacher_dtype(args)} if teacher_dtype(args) != "float32" else {}),
         "data": args.data, "data_files": file_fingerprint(source),
         "split": args.data_split, "exclusions": file_fingerprint(exclusions) if exclusions else None,
         **{k: getattr(args, k) for k in ("teacher_data", "num_generate", "num_score", "heldout_prompts", "max_prompt_tokens",
@@ -590,7 +591,7 @@ def prepare_data(args: Args, accelerator, target, tokenizer, features: tuple[lis
                 s["tokens_per_second_per_process"] = s["tokens"] / max(s["seconds"] / world, 1e-9) / world
             meta = {"key_args": {k: getattr(args, k) for k in ("target", "target_quantization", "data", "teacher_data",
                     "num_generate", "num_score", "heldout_prompts", "max_new_tokens", "max_seq_len", "top_k")},
-                    "throughput": stats, "heldout_ids": shards[0]["heldout_ids"], "processes": world}
+                    "teacher_dtype": teacher_dtype(args), "throughput": stats, "heldout_ids": shards[0]["heldout_ids"], "processes": world}
             train = TeacherData.from_records(interleave("gen") + interleave("score"), meta)
             held = TeacherData.from_records(interleave("held"), meta)
             train.save(folder / "train.safetensors")

@@ -53,7 +53,7 @@ from .data import (TeacherData, attach_target_features, check_data, collate, epo
                    write_atomically)
 from .evaluate import column_map, evaluate, top1_hits
 from .launch import relaunch_for_cpu_processes
-from .target import eos_ids, load_target, target_folder, target_id
+from .target import eos_ids, load_target, load_teacher, target_folder, target_id
 
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # it warns on every 8-bit CPU matmul
 
@@ -136,8 +136,9 @@ def main(argv=None) -> dict:
     set_seed(args.seed)
     with accelerator.main_process_first():
         target, tokenizer = load_target(args, accelerator.device)
-    features = adapter.feature_modules(target, args, continue_from) if adapter.reads_target_features else None
-    train, heldout = prepare_data(args, accelerator, target, tokenizer, features)
+        teacher = load_teacher(args, target, accelerator.device)
+    features = adapter.feature_modules(teacher, args, continue_from) if adapter.reads_target_features else None
+    train, heldout = prepare_data(args, accelerator, teacher, tokenizer, features)
     if args.extra_data:
         extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
         for part, folder in zip(extra, [f for f in args.extra_data.split(",") if f]):
@@ -146,8 +147,9 @@ def main(argv=None) -> dict:
         with accelerator.main_process_first():
             for part in [train, heldout] + (extra if args.extra_data else []):
                 name = "heldout" if part is heldout else "train"
-                attach_target_features(target, part, Path(part.meta["cache_folder"]) / f"features-{name}-{features[1]}.npy",
+                attach_target_features(teacher, part, Path(part.meta["cache_folder"]) / f"features-{name}-{features[1]}.npy",
                                        features[0], accelerator.is_main_process)
+    del teacher
     if args.extra_data:
         meta = train.meta
         train = TeacherData.concat([train] + extra)

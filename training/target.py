@@ -25,6 +25,20 @@ def load_target(args: Args, device: torch.device):
     return model.requires_grad_(False), tokenizer
 
 
+def teacher_dtype(args: Args) -> str:
+    return args.teacher_dtype or args.dtype
+
+
+def load_teacher(args: Args, target, device: torch.device):
+    """The model the teacher data is computed with: the target itself, or (--teacher-dtype) a second copy in that dtype,
+    loaded from the files rather than cast, so the deployed target keeps its own weights."""
+    if teacher_dtype(args) == args.dtype:
+        return target
+    model, _ = hf_specdec.default_model.load_target(args.target, args.target_quantization,
+                                                    dtype=getattr(torch, teacher_dtype(args)), device=device)
+    return model.requires_grad_(False)
+
+
 def target_id(args: Args) -> str:
     return DEFAULT_TARGET_HUB_ID if args.target in ("", "default") else args.target
 
