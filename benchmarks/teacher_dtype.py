@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 
 from hf_specdec.default_model import load_target
-from training.data import iter_json_list, sharegpt_path
+from training.data import as_example, iter_json_list, render, sharegpt_path
 
 
 def texts(tokenizer, count: int, length: int) -> torch.Tensor:
-    """The first `count` ShareGPT conversations at least `length` tokens long, cut to `length`."""
+    """The first `count` ShareGPT prompt + answer pairs, rendered as the trainer scores them, at least `length` tokens
+    long, cut to `length`."""
     rows = []
-    for record in iter_json_list(sharegpt_path()):
-        turns = [{"role": "user" if t.get("from") == "human" else "assistant", "content": t.get("value", "")}
-                 for t in record.get("conversations", [])]
-        if len(turns) < 2:
+    for index, record in enumerate(iter_json_list(sharegpt_path())):
+        example, _ = as_example(record, index)
+        if example is None or example["response"] is None:
             continue
-        ids = tokenizer.apply_chat_template(turns[:2], return_dict=True)["input_ids"]
+        _, ids = render(tokenizer, example["messages"], example["response"])
         if len(ids) >= length:
             rows.append(ids[:length])
         if len(rows) == count:
