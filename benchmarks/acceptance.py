@@ -17,7 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_specdec
-from hf_specdec.bench import encode_prompt, read_prompts
+from hf_specdec.bench import encode_prompt
+from hf_specdec.prompts import read_prompts
 from hf_specdec.default_model import load_target  # the same deployed target as training and its evaluation
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> dict:
         for prompt in tqdm(prompts, desc=spec, unit="prompt"):
             enc = encode_prompt(tokenizer, prompt, target.device)
             target.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                            assistant=assistant, num_draft_tokens=args.num_draft_tokens, speculation_stats=stats)
+                            assistant=assistant, num_draft_tokens=args.num_draft_tokens, speculation_stats=stats, draft_length="constant")
         rows.append({"drafter": spec, **stats.as_dict()})
         print(f"{spec}: {stats.mean_accepted_tokens:.3f} tokens per target forward; by position "
               + " ".join(f"{a:.2f}" for a in stats.acceptance_by_position), flush=True)

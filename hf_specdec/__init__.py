@@ -1,40 +1,54 @@
-"""hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`."""
+"""hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`.
+
+The names below load on first use (as transformers' own do), so that `import hf_specdec` and the `hf-specdec`
+command's argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()` registers the
+drafter kinds with transformers' Auto classes.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .assistants import as_drafter
-from .auto_drafter import AutoDrafter
-from .default_model import load_default_target
-from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter, SequenceDrafter
-from .generation.loop import speculative_generate
-from .generation.stats import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .integrations.enable import disable, enable
-from .kinds import DrafterKind, register_drafter_kind
-from .models.eagle3 import Eagle3Config, Eagle3DraftModel
-from .models.medusa import MedusaConfig, MedusaHeads
-from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
-from . import hub  # noqa: F401  (its save hook writes custom_generate/ into every saved drafter)
+#: public name -> the module that defines it
+_EXPORTS = {
+    "speculative_generate": ".generation.loop",
+    "enable": ".integrations.enable",
+    "disable": ".integrations.enable",
+    "get_assistant": ".assistants",
+    "SpeculationStats": ".generation.stats",
+    "SpeculativeDecoderOnlyOutput": ".generation.stats",
+    "Drafter": ".drafters",
+    "SequenceDrafter": ".drafters",
+    "Draft": ".drafters",
+    "DraftModelDrafter": ".drafters",
+    "NgramDrafter": ".drafters",
+    "as_drafter": ".assistants",
+    "load_default_target": ".default_model",
+    "SpecDrafterConfig": ".models.spec_drafter",
+    "SpecDrafterForCausalLM": ".models.spec_drafter",
+    "Eagle3Config": ".models.eagle3",
+    "Eagle3DraftModel": ".models.eagle3",
+    "MedusaConfig": ".models.medusa",
+    "MedusaHeads": ".models.medusa",
+    "AutoDrafter": ".auto_drafter",
+    "DrafterKind": ".kinds",
+    "register_drafter_kind": ".kinds",
+}
 
-__all__ = [
-    "speculative_generate",
-    "enable",
-    "disable",
-    "SpeculationStats",
-    "SpeculativeDecoderOnlyOutput",
-    "Drafter",
-    "SequenceDrafter",
-    "Draft",
-    "DraftModelDrafter",
-    "NgramDrafter",
-    "as_drafter",
-    "load_default_target",
-    "SpecDrafterConfig",
-    "SpecDrafterForCausalLM",
-    "Eagle3Config",
-    "Eagle3DraftModel",
-    "MedusaConfig",
-    "MedusaHeads",
-    "AutoDrafter",
-    "DrafterKind",
-    "register_drafter_kind",
-]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
+    importlib.import_module(".kinds", __name__)  # every drafter kind registered before any of them is used
+    importlib.import_module(".integrations.enable", __name__).hint_when_not_enabled()
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

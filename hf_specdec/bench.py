@@ -21,7 +21,6 @@ import torch
 from tqdm.auto import tqdm
 
 from .drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
-from .errors import InputError, json_lines
 from .generation.loop import speculative_generate
 from .generation.stats import SpeculationStats
 
@@ -107,7 +106,7 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
             new = torch.randint(0, vocab, (1, n), device=target.device)
             synchronize(target.device)
             t0 = time.perf_counter()
-            with fast_linear(target.device.type == "cpu"):
+            with fast_linear(target, target.device.type == "cpu"):
                 target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
             synchronize(target.device)
             return time.perf_counter() - t0
@@ -150,20 +149,6 @@ def count_new_tokens(out: torch.Tensor, prompt_len: int, eos_ids: set[int], pad_
                 break
         total += n
     return total
-
-
-def read_prompts(path: str, num_prompts: int | None) -> list[str]:
-    """The `prompt` of each line of a JSON-lines file (the first `num_prompts`)."""
-    prompts = []
-    for number, row in json_lines(path, "--prompts"):
-        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise InputError(f"{path}, line {number}: no `prompt` text; each line must look like {{\"prompt\": \"...\"}}.")
-        prompts.append(row["prompt"])
-        if num_prompts and len(prompts) == num_prompts:
-            break
-    if not prompts:
-        raise InputError(f"--prompts {path}: holds no prompts; each line must look like {{\"prompt\": \"...\"}}.")
-    return prompts
 
 
 def run_bench(
@@ -355,26 +340,40 @@ def format_table(report: dict) -> str:
 
 
 def plot_report(report: dict, path: str) -> None:
+    """Acceptance by draft position and speed-up per method, titled with the drafter and the settings."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for m in report["methods"]:
+    methods, settings = report["methods"], report["settings"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.3]})
+    for m in methods:
         if m["acceptance_by_position"]:
-            ax1.plot(range(1, len(m["acceptance_by_position"]) + 1), m["acceptance_by_position"], marker="o", label=m["name"])
+            positions = range(1, len(m["acceptance_by_position"]) + 1)
+            ax1.plot(positions, m["acceptance_by_position"], marker="o", label=m["name"])
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_xlabel("draft position")
     ax1.set_ylabel("P(accepted | proposed)")
     ax1.set_ylim(0, 1)
-    ax1.set_title("Acceptance by position")
-    ax1.legend()
-    names = [m["name"] for m in report["methods"]]
-    ax2.bar(names, [m["speedup"] for m in report["methods"]], color="tab:blue")
-    ax2.axhline(1.0, color="gray", linestyle="--")
-    ax2.set_ylabel("speed-up vs plain")
+    ax1.set_title("Acceptance by draft position")
+    if ax1.lines:
+        ax1.legend(fontsize="small")
+    names = [m["name"] for m in methods]
+    bars = ax2.barh(range(len(names)), [m["speedup"] for m in methods], color="tab:blue")
+    ax2.bar_label(bars, labels=[f"{m['speedup']:.2f}x, {m['mean_accepted_tokens']:.2f} tok/fwd" for m in methods],
+                  padding=3, fontsize="small")
+    ax2.set_yticks(range(len(names)), names, fontsize="small")
+    ax2.invert_yaxis()  # the table's order, top to bottom
+    ax2.axvline(1.0, color="gray", linestyle="--")
+    ax2.set_xlim(0, max(m["speedup"] for m in methods) * 1.35)
+    ax2.set_xlabel("speed-up vs plain decoding (same run)")
     ax2.set_title("Wall-clock speed-up")
-    ax2.tick_params(axis="x", rotation=15)
+    mode = f"sampling, T={settings['temperature']}" if settings["do_sample"] else "greedy"
+    fig.suptitle(f"{settings['target']}, assistant {settings['assistant']}: {settings['num_prompts']} prompts, "
+                 f"{settings['max_new_tokens']} new tokens, k <= {settings['num_draft_tokens']}, {mode}, batch "
+                 f"{settings['batch_size']}, {settings['device']} {settings['dtype'].replace('torch.', '')}", fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

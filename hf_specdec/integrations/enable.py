@@ -30,7 +30,7 @@ def enable(model):
             raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
         if model.config.is_encoder_decoder:
             raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
-        assistant = as_drafter(assistant, target=model)  # a wrong name or type fails here, before any work
+        as_drafter(assistant, target=model)  # a wrong name or type fails here, before any work (a name's is kept)
         streamer = kwargs.pop("streamer", None)
         # generate() drops `tokenizer` for custom_generate callables, so build the stop-string criterion here.
         stop_strings = kwargs.pop("stop_strings", None)
@@ -48,6 +48,29 @@ def enable(model):
     model._hf_specdec_original_generate = original
     model.generate = generate
     return model
+
+
+def hint_when_not_enabled() -> None:
+    """Make transformers' "model_kwargs are not used: ['assistant']" say what to do: `assistant=` is hf_specdec's, and
+    only an enabled model's `generate()` takes it. (Installed once, when hf_specdec is first used.)"""
+    from transformers.generation.utils import GenerationMixin
+
+    check = GenerationMixin._validate_model_kwargs
+    if getattr(check, "_hf_specdec_hint", False):
+        return
+
+    @functools.wraps(check)
+    def validate_model_kwargs(self, model_kwargs):
+        try:
+            return check(self, model_kwargs)
+        except ValueError as error:
+            if "assistant" not in model_kwargs:
+                raise
+            raise ValueError(f"{error} -- `assistant=` is hf_specdec's: call `hf_specdec.enable(model)` once first, or "
+                             "pass `custom_generate=hf_specdec.speculative_generate` with it.") from None
+
+    validate_model_kwargs._hf_specdec_hint = True
+    GenerationMixin._validate_model_kwargs = validate_model_kwargs
 
 
 def disable(model):
