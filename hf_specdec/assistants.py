@@ -1,15 +1,11 @@
-"""The one vocabulary of assistants, shared by `generate(assistant=...)`, `AutoDrafter` and the `hf-specdec` command.
+"""Whatever was passed as `assistant=`, as a batched `Drafter`; the drafters built from names, kept with their target.
 
-    "ngram"                   n-gram lookup over the prompt and the output so far (no model)
-    "recycle"                 token recycling: a tree from the target's own recent top-k successors (no model)
-    "none"                    no drafts: plain steps through hf_specdec's own loop (a baseline for measurements)
-    "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
-    "layers:N"                an untrained draft model cut from the target's first N layers (a baseline)
-    "distilled", "medusa"     a drafter shipped for the default target (hf_specdec/shipped_drafters/)
-    "medusa:chain", "medusa:N"  Medusa heads drafting their top-1 chain, or an N-node tree
-    "a+b"                     a's draft when it has one, else b's (e.g. "ngram+medusa")
-    "default"                 the fastest drafter measured for this target (BENCHMARKS.md)
-    a folder or "owner/name"  any drafter hf_specdec saved (`AutoDrafter`), or a causal LM with the target's vocabulary
+Names (the vocabulary is `names.py`) are resolved once per target: the drafter built for a name is kept with the
+target (per device and dtype; released with it) and reused by later calls, so that loaded weights, token recycling's
+table, a suffix index and what `draft_length="adaptive"` learned carry over from call to call, as they do for a
+drafter object. State that belongs to one call (caches, rows) is reset by every drafter's `start`. A drafter decodes
+one call at a time: a call that finds a named drafter busy in another thread gets one of its own for that call; a
+drafter object passed to two concurrent calls is refused (`claim`).
 
 Objects work too: a `Drafter` (batched), a `SequenceDrafter` (wrapped to draft row by row), a drafter model of any
 registered kind (`kinds.py`), a causal-LM `PreTrainedModel`, or a transformers `CandidateGenerator`.
@@ -17,42 +13,47 @@ registered kind (`kinds.py`), a causal-LM `PreTrainedModel`, or a transformers `
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
+import importlib
+import threading
 
 from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .auto_drafter import AutoDrafter, UnknownDrafterError, known_names
+from .auto_drafter import AutoDrafter
 from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.fallback import FallbackDrafter
 from .drafters.medusa import MedusaDrafter
-from .drafters.ngram import NgramDrafter
 from .drafters.per_row import PerRowDrafter
-from .drafters.plain import PlainDrafter
-from .drafters.recycle import RecycleDrafter
-from .drafters.self_speculative import SelfSpeculativeDrafter
+from .errors import InputError
 from .kinds import kind_of
 from .models.medusa import MedusaHeads
-from .errors import InputError
+from .names import Part, UnknownDrafterError, default_name, known_names, parse
 
 ACCEPTED_ASSISTANTS = (
     f"a name ({known_names()}), an `hf_specdec.Drafter` or `SequenceDrafter`, a drafter model hf_specdec made, a "
     "causal-LM `PreTrainedModel` sharing the target's vocabulary, or a `transformers.generation.CandidateGenerator`"
 )
 
+_KEPT = "_hf_specdec_assistants"  # the target's attribute holding the drafters built from names
+_LOCK = threading.Lock()
+_BUSY: set[int] = set()  # ids of the drafters decoding a call right now
+
 
 def as_drafter(assistant, target=None) -> Drafter:
-    """Whatever was passed as `assistant=` as a batched Drafter (names need the `target` for some kinds), or a clear
-    error that lists what is accepted."""
+    """Whatever was passed as `assistant=` as a batched Drafter (names need the `target` for some kinds, and are kept
+    with it), or a clear error that lists what is accepted."""
     if isinstance(assistant, Drafter):
         return assistant
     if isinstance(assistant, SequenceDrafter):
         return PerRowDrafter(assistant)  # one copy per row; the loop sees one batched signature
     if isinstance(assistant, str):
-        return resolve(assistant, target)
+        return get_assistant(target, assistant) if target is not None else build(assistant)
     if isinstance(assistant, PreTrainedModel):
         kind = kind_of(assistant.config)
+        if kind is None and _is_causal_lm(assistant):
+            return DraftModelDrafter(assistant)  # a causal LM whose config type no mapping names (a multimodal text model)
         if kind is None or assistant.config.is_encoder_decoder:
             raise TypeError(f"assistant={type(assistant).__name__} is not a drafter or a causal LM; expected "
                             f"{ACCEPTED_ASSISTANTS}.")
@@ -64,63 +65,93 @@ def as_drafter(assistant, target=None) -> Drafter:
     raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {ACCEPTED_ASSISTANTS}.")
 
 
-def resolve(spec: str, target=None) -> Drafter:
-    """A drafter for an assistant name (see the module docstring)."""
-    if spec == "default":
-        spec = default_assistant_name(target)
-    if "+" in spec:
-        first, second = spec.split("+", 1)
-        return FallbackDrafter(resolve(first, target), resolve(second, target))
-    if spec == "ngram":
-        return NgramDrafter()
-    if spec == "recycle":
-        return RecycleDrafter()
-    if spec == "none":
-        return PlainDrafter()
-    name, _, variant = spec.partition(":")
-    if name == "self" and (not variant or variant.isdigit()):
-        return SelfSpeculativeDrafter(int(variant) if variant else None)
-    if name == "layers" and variant.isdigit():
-        if target is None:
-            raise InputError(f"assistant={spec!r} cuts a draft model from the target: pass the target too.")
-        return DraftModelDrafter(early_layers_draft_model(target, int(variant)))
-    if Path(spec).exists() or not variant:
-        return as_drafter(AutoDrafter.from_pretrained(spec, target=target))
-    model = AutoDrafter.from_pretrained(name, target=target)
-    if not isinstance(model, MedusaHeads) or not (variant in ("chain", "tree") or variant.isdigit()):
-        raise UnknownDrafterError(f"{spec!r}: only Medusa heads take a suffix (':chain', ':tree' or ':N', an N-node "
-                                  f"tree). Known names: {known_names()}.")
+def _is_causal_lm(model) -> bool:
+    """What a causal LM is, whatever its config type: a decoder that generates, with an LM head."""
+    from transformers import GenerationMixin
+
+    return (isinstance(model, GenerationMixin) and not model.config.is_encoder_decoder
+            and model.get_output_embeddings() is not None)
+
+
+def get_assistant(target, name: str) -> Drafter:
+    """The drafter `name` stands for on this target: built at the first call, then the same object, kept with the
+    target (per device and dtype). Use it to look inside (`get_assistant(model, "suffix").index.save(path)`)."""
+    key = (name, str(target.device), str(target.dtype))
+    with _LOCK:
+        kept = target.__dict__.setdefault(_KEPT, {})
+        drafter = kept.get(key)
+    if drafter is None:
+        drafter = build(name, target)
+        with _LOCK:
+            drafter = kept.setdefault(key, drafter)  # two threads may have built one: both keep the first
+    return drafter
+
+
+def forget_assistants(target) -> None:
+    """Drop the drafters kept for this target's names (the next call builds them again)."""
+    with _LOCK:
+        target.__dict__.pop(_KEPT, None)
+
+
+def build(name: str, target=None) -> Drafter:
+    """A new drafter for an assistant name (see `names.py`)."""
+    parts = [_build_part(part, target) for part in parse(name, target)]
+    drafter = parts[-1]
+    for first in reversed(parts[:-1]):
+        drafter = FallbackDrafter(first, drafter)
+    return drafter
+
+
+def _build_part(part: Part, target) -> Drafter:
+    if part.word is not None:
+        module, _, attribute = part.word.build.partition(":")
+        builder = importlib.import_module(f".{module}", __package__)
+        for name in attribute.split("."):
+            builder = getattr(builder, name)
+        return builder(target, part.number)
+    model = AutoDrafter.from_pretrained(part.source, target=target)
+    if not part.variant:
+        return as_drafter(model)
+    if not isinstance(model, MedusaHeads):
+        raise UnknownDrafterError(f"{part.source}:{part.variant}: only Medusa heads take a suffix (':chain', ':tree' or "
+                                  f"':N', an N-node tree). Known names: {known_names()}.")
+    variant = part.variant
     return MedusaDrafter(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
 
 
-def check_name(spec: str) -> None:
-    """Raise `UnknownDrafterError` now, before any model loads, for a name `resolve` could never resolve."""
-    from .shipped import shipped_drafter_names
-
-    for part in spec.split("+"):
-        name, _, variant = part.partition(":")
-        if part in ("default", "ngram", "recycle", "none") or Path(part).exists():
-            continue
-        if (name == "self" and (not variant or variant.isdigit())) or (name == "layers" and variant.isdigit()):
-            continue
-        readable = name in shipped_drafter_names() or name.count("/") == 1 or Path(name).exists()  # a saved run too
-        if readable and (not variant or variant in ("chain", "tree") or variant.isdigit()):
-            continue
-        raise UnknownDrafterError(f"Unknown drafter {part!r}. Known: {known_names()}.")
+@contextlib.contextmanager
+def claim(assistant, target):
+    """The drafter a `generate()` call decodes with, held for that call alone. A named drafter that another call is
+    using right now lends this call a new one; a drafter object in use elsewhere is refused."""
+    drafter = as_drafter(assistant, target)
+    with _LOCK:
+        free = id(drafter) not in _BUSY
+        if free:
+            _BUSY.add(id(drafter))
+    if not free:
+        if not isinstance(assistant, str):
+            raise InputError(f"{drafter!r} is decoding in another generate() call (another thread): a drafter holds one "
+                             "call's state. Give each thread its own drafter, or pass a name (assistant='ngram'), "
+                             "which hf_specdec builds again for a call that finds it busy.")
+        drafter = build(assistant, target)
+        with _LOCK:
+            _BUSY.add(id(drafter))
+    try:
+        yield drafter
+    finally:
+        with _LOCK:
+            _BUSY.discard(id(drafter))
 
 
 def default_assistant_name(target=None) -> str:
-    """The fastest drafter the project has measured for this target (BENCHMARKS.md).
+    return default_name(target)
 
-    For the embedded SmolLM2: n-gram lookup backed by the shipped Medusa heads' chain; for any other target, n-gram
-    lookup.
-    """
-    from .default_model import is_default_target
-    from .shipped import shipped_drafter_names
 
-    if (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names():
-        return "ngram+medusa:chain"
-    return "ngram"
+def early_layers_drafter(target, num_layers: int) -> Drafter:
+    """`layers:N`: an untrained draft model cut from the target's first N layers."""
+    if target is None:
+        raise InputError(f"assistant='layers:{num_layers}' cuts a draft model from the target: pass the target too.")
+    return DraftModelDrafter(early_layers_draft_model(target, num_layers))
 
 
 def early_layers_draft_model(target, num_layers: int):
@@ -138,4 +169,5 @@ def early_layers_draft_model(target, num_layers: int):
     return drafter.eval()
 
 
-__all__ = ["as_drafter", "resolve", "check_name", "default_assistant_name", "early_layers_draft_model", "ACCEPTED_ASSISTANTS"]
+__all__ = ["as_drafter", "get_assistant", "forget_assistants", "build", "claim", "default_assistant_name",
+           "early_layers_draft_model", "ACCEPTED_ASSISTANTS"]

@@ -18,22 +18,12 @@ from pathlib import Path
 
 from transformers import PreTrainedConfig
 
-from .errors import InputError
 from .kinds import drafter_kinds, kind_of
-from .shipped import shipped_drafter_names, shipped_folder
+from .names import UnknownDrafterError, known_names
+from .shipped import shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
-
-
-class UnknownDrafterError(InputError):
-    """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
-
-
-def known_names() -> str:
-    shipped = ", ".join(shipped_drafter_names()) or "none"
-    return (f"'ngram', 'recycle', 'none', 'self' (or 'self:L'), 'layers:N', 'default', a shipped drafter ({shipped}; Medusa heads also as "
-            "'medusa:chain' or 'medusa:N'), 'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
 
 
 class AutoDrafter:
@@ -72,4 +62,4 @@ class AutoDrafter:
         return model
 
 
-__all__ = ["AutoDrafter", "HUB_KWARGS", "UnknownDrafterError", "known_names"]
+__all__ = ["AutoDrafter", "HUB_KWARGS"]

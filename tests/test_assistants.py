@@ -8,8 +8,8 @@ import torch
 
 import hf_specdec
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, as_drafter, speculative_generate
-from hf_specdec.assistants import check_name
-from hf_specdec.auto_drafter import UnknownDrafterError
+from hf_specdec.names import check as check_name
+from hf_specdec.names import UnknownDrafterError
 from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_llama
 from tests.speculation import assert_speculated
@@ -35,7 +35,7 @@ def test_an_unknown_name_fails_fast_and_lists_the_known_names(name, monkeypatch)
     hf_specdec.enable(target)
     try:  # through enable(): the same error, before generate() prepares anything
         with pytest.raises(UnknownDrafterError, match="Known"):
-            target.generate(random_prompts(1)[0], assistant=name, max_new_tokens=3)
+            target.generate(random_prompts(1)[0], assistant=name, max_new_tokens=3, draft_length="constant")
     finally:
         hf_specdec.disable(target)
 
@@ -85,11 +85,78 @@ def test_shipped_names_work_everywhere(smollm):
     try:
         for name in ("distilled", "medusa:chain", "ngram+distilled"):
             stats = SpeculationStats()
-            out = model.generate(**enc, assistant=name, max_new_tokens=24, do_sample=False, speculation_stats=stats)
+            out = model.generate(**enc, assistant=name, max_new_tokens=24, do_sample=False, speculation_stats=stats,
+                                 draft_length="constant")  # (adaptive, the default, may choose plain steps)
             assert torch.equal(out, plain), name
             assert_speculated(stats, what=name)
     finally:
         hf_specdec.disable(model)
     out = model.generate(**enc, custom_generate=speculative_generate, assistant="distilled", max_new_tokens=24,
-                         do_sample=False)
+                         do_sample=False, draft_length="constant")
     assert torch.equal(out, plain)
+
+
+# --- names are resolved once per target -------------------------------------------------------------------------------
+def test_a_name_is_built_once_per_target_and_kept_with_it(tmp_path, monkeypatch):
+    """`assistant="<saved Medusa folder>:chain"` loads the heads at the first call only, on both routes; `recycle`'s
+    table and the adaptive policy of a name carry over from one call to the next, on both routes."""
+    from hf_specdec.draft_length import _LEARNED
+
+    target = tiny_llama()
+    folder = tmp_path / "heads"
+    MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).save_pretrained(folder)
+    loads = []
+    original = AutoDrafter.from_pretrained.__func__
+    monkeypatch.setattr(AutoDrafter, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a[0]) or original(cls, *a, **k)))
+    prompt = random_prompts(1)[0]
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    hf_specdec.enable(target)
+    routes = {"enable": lambda **kw: target.generate(prompt, max_new_tokens=12, do_sample=False, **kw),
+              "custom_generate": lambda **kw: type(target).generate(  # (the class's generate: not the enabled one)
+                  target, prompt, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate, **kw)}
+    try:
+        for route in [*routes.values()] * 2:
+            assert torch.equal(route(assistant=f"{folder}:chain"), plain)
+        assert loads == [str(folder)]  # one load, for four calls on two routes
+
+        recycle = hf_specdec.get_assistant(target, "recycle")
+        tables = []
+        start = type(recycle).start
+        monkeypatch.setattr(type(recycle), "start", lambda self, *a: tables.append(
+            None if self.table is None else self.table.clone()) or start(self, *a))
+        for route in routes.values():
+            assert torch.equal(route(assistant="recycle"), plain)
+        assert tables[0] is None  # the first call starts an empty table...
+        untouched = torch.arange(recycle.top_k).expand(len(tables[1]), -1)
+        assert not torch.equal(tables[1], untouched)  # ...the second starts from the one the first built
+
+        steps = []
+        for route in (routes["enable"], routes["custom_generate"], routes["enable"]):
+            route(assistant="ngram", draft_length="adaptive")
+            steps.append(_LEARNED[hf_specdec.get_assistant(target, "ngram")][(id(target), 1)].steps)
+        assert 0 < steps[0] < steps[1] < steps[2]  # one policy, learning across calls and routes
+    finally:
+        hf_specdec.disable(target)
+
+
+def test_a_busy_drafter_is_not_shared_between_threads():
+    """Two threads decoding with one name each get a drafter of their own for the call; a drafter object already
+    decoding in another thread is refused with a message that says what to do."""
+    import threading
+
+    from hf_specdec.assistants import claim
+
+    target = tiny_llama()
+    with claim("ngram", target) as first:
+        assert first is hf_specdec.get_assistant(target, "ngram")
+        results = {}
+        thread = threading.Thread(target=lambda: results.update(drafter=claim("ngram", target).__enter__()))
+        thread.start()
+        thread.join()
+        assert isinstance(results["drafter"], NgramDrafter) and results["drafter"] is not first
+        with pytest.raises(ValueError, match="decoding in another generate\\(\\) call .* Give each thread its own"):
+            with claim(first, target):
+                pass
+    with claim(first, target) as again:  # free again once the first call ended
+        assert again is first

@@ -174,6 +174,11 @@ class Drafter:
     #: draft length used when the caller does not pass `num_draft_tokens`
     default_num_draft_tokens: int = 5
 
+    @classmethod
+    def for_target(cls, target, number: int | None = None) -> "Drafter":
+        """The drafter an assistant name builds (`names.py`: "ngram", "self:L", ...); `number` is the name's ':N'."""
+        return cls()
+
     def start(self, target, seqs, settings: DraftSettings) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here.
         `target` is the target's `RaggedKV` (its model is `target.model`)."""

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..cache.ragged import has_sliding_window, takes_4d_masks
-from ..cpu_matmul import fast_linear
+from ..cpu_matmul import verifying
 from .base import Drafter, Drafting
 from .draft_model import DraftModelDrafter
 
@@ -112,6 +112,10 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         self.target = None
         self.model = None
         self.kv = None
+
+    @classmethod
+    def for_target(cls, target, number=None):
+        return cls(number)
 
     def __repr__(self) -> str:
         return f"SelfSpeculativeDrafter(num_layers={self.requested_layers})"
@@ -211,7 +215,7 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         if done < new_ids.shape[1]:
             parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
         self.early_hidden = None
-        with fast_linear(target.fast):
+        with verifying(target.fast):
             _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
             logits = self.target.get_output_embeddings()(normed[:, -(draft.num_tokens + 1) :])
         target.append_slots(torch.ones(new_ids.shape, dtype=torch.bool))

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from transformers import DynamicCache
 
-from ..assistants import as_drafter
 from ..cache.ragged import has_sliding_window
 from ..drafters.base import Drafter
 from ..errors import InputError
@@ -56,16 +55,16 @@ def accept_rule(verification_mode: str, generation_config, threshold: float, alp
 
 @dataclass
 class Request:
-    """A validated call: the drafter, the draft-length cap, the acceptance rule and the target's cache."""
+    """A validated call: the draft-length cap, the acceptance rule and the target's cache."""
 
-    drafter: Drafter
     num_draft_tokens: int
     rule: AcceptRule
     cache: object
 
 
 def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpus: bool, assistant,
-             num_draft_tokens, verification_mode: str, typical_threshold: float, typical_alpha: float) -> Request:
+             num_draft_tokens, verification_mode: str, typical_threshold: float, typical_alpha: float) -> AcceptRule:
+    """Every check of the call itself, before the drafter is built or loaded; the call's acceptance rule."""
     if assistant is None:
         raise InputError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
     if model.config.is_encoder_decoder:
@@ -84,10 +83,17 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
         raise InputError(f"Speculative decoding does not support these generate() inputs: {unsupported}.")
     if synced_gpus:
         raise InputError("synced_gpus is not supported with speculative decoding.")
-    drafter = as_drafter(assistant, target=model)
-    k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool)
+                                         or num_draft_tokens < 1):
         raise InputError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
+    if input_ids.shape[0] > 1:
+        validate_batch(model, generation_config, model_kwargs.get("cache"))
+    return accept_rule(verification_mode, generation_config, typical_threshold, typical_alpha)
+
+
+def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, rule: AcceptRule) -> Request:
+    """The checks that need the drafter; then the call's draft-length cap, acceptance rule and cache."""
+    k = drafter.default_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     target_vocab = model.config.get_text_config().vocab_size
     drafter_vocab = drafter.vocab_size()
     if drafter_vocab is not None and drafter_vocab != target_vocab:
@@ -96,7 +102,6 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
             "must share the target's tokenizer. Use a drafter trained for this target (see training/distill.py), or "
             "assistant='ngram'."
         )
-    rule = accept_rule(verification_mode, generation_config, typical_threshold, typical_alpha)
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
@@ -104,9 +109,7 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
         raise InputError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
     if not cache.is_croppable:
         raise InputError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
-    if input_ids.shape[0] > 1:
-        validate_batch(model, generation_config, cache)
-    return Request(drafter, k, rule, cache)
+    return Request(k, rule, cache)
 
 
 def validate_batch(model, generation_config, cache) -> None:
@@ -114,7 +117,7 @@ def validate_batch(model, generation_config, cache) -> None:
     if has_sliding_window(model.config):
         raise InputError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
                          "cache holes would shift the window); decode one prompt at a time.")
-    if type(cache) is not DynamicCache:
+    if cache is not None and type(cache) is not DynamicCache:
         raise InputError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
     if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
         raise InputError("output_scores / output_logits are supported for batch 1 only.")
@@ -122,4 +125,4 @@ def validate_batch(model, generation_config, cache) -> None:
         raise InputError("Batched generation needs a pad token: set pad_token_id.")
 
 
-__all__ = ["validate", "Request", "AcceptRule", "accept_rule", "MODEL_KWARGS_HANDLED"]
+__all__ = ["validate", "request_for", "Request", "AcceptRule", "accept_rule", "MODEL_KWARGS_HANDLED"]

@@ -1,0 +1,118 @@
+"""The vocabulary of assistant names, in one table: read by the resolver (`assistants.py`), by the command line's check
+of a name before anything loads (`check`) and by the errors that list the known names (`known_names`). Light on
+purpose: no torch, no transformers.
+
+    "ngram"                   n-gram lookup over the prompt and the output so far (no model)
+    "recycle"                 token recycling: a tree from the target's own recent top-k successors (no model)
+    "none"                    no drafts: plain steps through hf_specdec's own loop (a baseline for measurements)
+    "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
+    "layers:N"                an untrained draft model cut from the target's first N layers (a baseline)
+    "distilled", "medusa"     a drafter shipped for the default target (hf_specdec/shipped_drafters/)
+    "medusa:chain", "medusa:N"  Medusa heads drafting their top-1 chain, or an N-node tree
+    "a+b"                     a's draft when it has one, else b's (e.g. "ngram+medusa:chain")
+    "default"                 the fastest drafter measured for this target (BENCHMARKS.md)
+    a folder or "owner/name"  any drafter hf_specdec saved (`AutoDrafter`), or a causal LM with the target's vocabulary
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .shipped import shipped_drafter_names
+
+
+class UnknownDrafterError(InputError):
+    """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
+
+
+@dataclass(frozen=True)
+class Word:
+    """A built-in assistant name."""
+
+    name: str
+    number: str  # what may follow ':': "" nothing, "optional" or "required" (an integer >= 1)
+    build: str  # "module:callable" in hf_specdec, called as build(target, number or None) -> Drafter
+    description: str
+
+    @property
+    def usage(self) -> str:
+        return {"": f"'{self.name}'", "optional": f"'{self.name}' (or '{self.name}:L')",
+                "required": f"'{self.name}:N'"}[self.number]
+
+
+WORDS = {word.name: word for word in (
+    Word("ngram", "", "drafters.ngram:NgramDrafter.for_target", "n-gram lookup over the prompt and the output so far"),
+    Word("recycle", "", "drafters.recycle:RecycleDrafter.for_target", "token recycling: the target's own top-k successors"),
+    Word("none", "", "drafters.plain:PlainDrafter.for_target", "no drafts: plain steps through hf_specdec's loop"),
+    Word("self", "optional", "drafters.self_speculative:SelfSpeculativeDrafter.for_target",
+         "the target's own first L layers (default: half)"),
+    Word("layers", "required", "assistants:early_layers_drafter", "an untrained draft model cut from the first N layers"),
+)}
+
+#: what may follow a loaded drafter's name (Medusa heads only): their top-1 chain, the default tree, an N-node tree
+MEDUSA_VARIANTS = ("chain", "tree")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One drafter of a name ("a+b" has two): a built-in word, or a drafter to load (shipped, folder or Hub id)."""
+
+    word: Word | None = None
+    number: int | None = None  # a word's ':N'
+    source: str | None = None  # a shipped drafter's name, a folder or a Hub id
+    variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (Medusa heads)
+
+
+def known_names() -> str:
+    shipped = ", ".join(shipped_drafter_names()) or "none"
+    words = ", ".join(word.usage for word in WORDS.values())
+    return (f"{words}, 'default', a shipped drafter ({shipped}; Medusa heads also as 'medusa:chain' or 'medusa:N'), "
+            "'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
+
+
+def default_name(target=None) -> str:
+    """The fastest drafter the project has measured for this target (BENCHMARKS.md): for the embedded SmolLM2, n-gram
+    lookup backed by the shipped Medusa heads' chain; for any other target, n-gram lookup."""
+    from .default_model import is_default_target
+
+    if (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names():
+        return "ngram+medusa:chain"
+    return "ngram"
+
+
+def parse(spec: str, target=None) -> list[Part]:
+    """The parts of an assistant name, or `UnknownDrafterError` listing the known names. Nothing is loaded."""
+    if not isinstance(spec, str) or not spec:
+        raise UnknownDrafterError(f"Unknown drafter {spec!r}. Known: {known_names()}.")
+    parts = []
+    for piece in spec.split("+"):
+        parts += parse(default_name(target), target) if piece == "default" else [_parse_one(piece)]
+    return parts
+
+
+def _parse_one(piece: str) -> Part:
+    if Path(piece).exists():
+        return Part(source=piece)
+    name, colon, argument = piece.partition(":")
+    word = WORDS.get(name)
+    if word is not None:
+        if not colon and word.number != "required":
+            return Part(word)
+        if colon and word.number and argument.isdigit() and int(argument) >= 1:
+            return Part(word, int(argument))
+        raise UnknownDrafterError(f"Unknown drafter {piece!r}: {word.usage} is {word.description}. "
+                                  f"Known: {known_names()}.")
+    loadable = name in shipped_drafter_names() or Path(name).exists() or (name.count("/") == 1 and "" not in name.split("/"))
+    if loadable and (not colon or argument in MEDUSA_VARIANTS or (argument.isdigit() and int(argument) >= 1)):
+        return Part(source=name, variant=argument)
+    raise UnknownDrafterError(f"Unknown drafter {piece!r}. Known: {known_names()}.")
+
+
+def check(spec: str) -> None:
+    """Raise `UnknownDrafterError` now, before any model loads, for a name that could never resolve."""
+    parse(spec)
+
+
+__all__ = ["WORDS", "Word", "Part", "parse", "check", "known_names", "default_name", "UnknownDrafterError"]
