@@ -42,7 +42,9 @@ def fixed_rule():
         nn.Linear.forward = _linear
 
 
-PATHS = {"stock F.linear": contextlib.nullcontext, "fixed rule (before)": fixed_rule, "fast_linear (now)": fast_linear}
+def paths(model) -> dict:
+    return {"stock F.linear": contextlib.nullcontext, "fixed rule (before)": fixed_rule,
+            "fast_linear (now)": lambda: fast_linear(model)}
 
 
 @torch.no_grad()
@@ -69,8 +71,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     model, _ = load_default_target()
+    PATHS = paths(model)
     sizes = list(range(1, args.max_tokens + 1))
-    with fast_linear():  # calibrate every shape and row count first, so that the timings below are steady
+    with fast_linear(model):  # calibrate every shape and row count first, so that the timings below are steady
         for n in sizes:
             forward_ms(model, n, args.context, contextlib.nullcontext, 1)
     table = {name: {} for name in PATHS}
@@ -83,9 +86,10 @@ def main(argv=None) -> None:
     print("|---|" + "---|" * len(PATHS))
     for n in sizes:
         print(f"| {n} | " + " | ".join(f"{table[name][n]:.1f} ({table[name][n] / base:.2f})" for name in PATHS) + " |")
-    choices = {f"{out}x{inp}": {rows: CHOICES[(out, inp, rows, dtype)] for (o, i, rows, dtype) in CHOICES
-                                if (o, i) == (out, inp)}
-               for (out, inp, _, _) in sorted(set(CHOICES))}
+    threads = torch.get_num_threads()
+    choices = {f"{out}x{inp}": {rows: CHOICES[key] for key in CHOICES if key[:2] == (out, inp) and key[4] == threads
+                                for rows in [key[2]]}
+               for (out, inp, *_) in sorted(set(CHOICES))}
     print("\npath per layer shape (out x in) and row count:")
     for shape, by_rows in choices.items():
         print(f"  {shape}: " + ", ".join(f"{rows}: {path}" for rows, path in sorted(by_rows.items())))

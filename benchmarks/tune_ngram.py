@@ -64,7 +64,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            with fast_linear(True):
+            with fast_linear(model):
                 model(
                     input_ids=ids[:, context : context + m], cache=cache, use_cache=True, logits_to_keep=m,
                     position_ids=torch.arange(context, context + m)[None],

@@ -1,21 +1,37 @@
-"""A CPU-only speed lever for the target's forwards: each `nn.Linear` product takes the fastest path for its row count,
-as measured on the machine it runs on.
+"""A CPU-only speed lever for the target's verification forwards: each of the target's own `nn.Linear` products takes
+the fastest path for its row count, as measured on the machine it runs on.
 
 On CPU, `F.linear(x, W)` with a handful of rows (M = 2..8, the shape of a verification forward) runs far below the
 one-row rate, while `W @ x.T` runs them at about the cost of one; and at one row (a plain step) a weight packed once
 for oneDNN (`torch.utils.mkldnn`) reads the weights about twice as fast as `F.linear` (measured on this project's
 2-core machine for SmolLM2's 49152x576 LM head: F.linear 10.9 ms at M = 1 and 17-24 ms at M = 2..16; W @ x.T 3.6 ms
-at M = 2, 7.9 at 8; oneDNN 5.1 ms at M = 1, 13.4 at 16). Inside `fast_linear()`, the first product of each shape and
-row count times the three paths on that layer and caches the winner (`CHOICES`; the prior rule, `W @ x.T` for 2..8
-rows, stays unless another path is clearly faster); every later product of that shape and row count takes it. Same math; rounding differs at the 1e-6 level, like any batched forward.
+at M = 2, 7.9 at 8; oneDNN 5.1 ms at M = 1, 13.4 at 16). Same math; rounding differs at the 1e-6 level, like any
+batched forward.
+
+Scope. `routed(model)` gives the model's own `nn.Linear` layers (that exact class: quantized layers keep theirs) a
+forward of their own for the span of a `generate()` call; it takes the fast path only inside `verifying()`, in the
+thread that entered it. No other model, and no other thread's forward through this one (a plain `generate()` in
+parallel), is touched.
+
+Choices. The first product of each shape and row count times the paths on that layer and keeps the winner (the prior
+rule, `W @ x.T` for 2..8 rows, stays unless another path is clearly faster). The choices are saved per CPU model,
+thread count and torch version under hf_specdec's cache folder, so a later process takes them without timing anything.
+A oneDNN-packed weight is a second copy of the layer's weights, kept while the layer lives (`packed_bytes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import json
+import os
+import platform
+import re
 import statistics
+import threading
 import time
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,9 +40,13 @@ MAX_ROWS = 32  # above this the ordinary GEMM path is the one to take
 PATHS = ("linear", "weight_first", "onednn")
 
 _linear_forward = nn.Linear.forward
-#: (out_features, in_features, rows, dtype) -> the fastest path measured on this machine
+#: (out_features, in_features, rows, dtype name, torch threads) -> the fastest path measured on this machine
 CHOICES: dict[tuple, str] = {}
 _PACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # layer -> (its weight's version, packed layer)
+_ACTIVE = contextvars.ContextVar("hf_specdec_fast_linear", default=False)
+_LOCK = threading.RLock()
+_ROUTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> how many calls route it now
+_STORE = {"loaded": None, "dirty": False}  # which choices file was read; whether new choices wait to be saved
 
 
 def _onednn(layer: nn.Linear):
@@ -35,19 +55,15 @@ def _onednn(layer: nn.Linear):
     if entry is None or entry[0] != version:
         from torch.utils import mkldnn
 
-        entry = _PACKED[layer] = (version, mkldnn.to_mkldnn(_plain_copy(layer)))
+        copy = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        copy.weight, copy.bias = layer.weight, layer.bias
+        entry = _PACKED[layer] = (version, mkldnn.to_mkldnn(copy))
     return entry[1]
-
-
-def _plain_copy(layer: nn.Linear) -> nn.Linear:
-    copy = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
-    copy.weight, copy.bias = layer.weight, layer.bias
-    return copy
 
 
 def _run(path: str, layer: nn.Linear, x2d: torch.Tensor) -> torch.Tensor:
     if path == "weight_first":
-        out = (layer.weight @ x2d.T).T
+        out = (layer.weight @ x2d.T).T.contiguous()  # contiguous: some models view the result as complex numbers
         return out if layer.bias is None else out + layer.bias
     if path == "onednn":
         return _onednn(layer)(x2d)
@@ -61,11 +77,16 @@ def prior_path(rows: int) -> str:
 
 
 def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
-    """Time the paths on this layer at this row count, interleaved over five rounds (each sample repeats the product
-    for about a millisecond, so timer noise does not decide), and keep the median's fastest when it beats the prior
-    path by at least 10% (a close call is not worth a second copy of the weights, and noise should not flip it)."""
-    key = (layer.out_features, layer.in_features, x2d.shape[0], x2d.dtype)
-    if key not in CHOICES:
+    """Time the paths on this layer at this row count, interleaved over three rounds (each sample repeats the product
+    for about half a millisecond, so timer noise does not decide), and keep the median's fastest when it beats the
+    prior path by at least 10% (a close call is not worth a second copy of the weights, and noise should not flip it)."""
+    key = (layer.out_features, layer.in_features, x2d.shape[0], str(x2d.dtype), torch.get_num_threads())
+    choice = CHOICES.get(key)
+    if choice is not None:
+        return choice
+    with _LOCK:  # one thread times at a time (two at once would time each other)
+        if key in CHOICES:
+            return CHOICES[key]
         paths = []
         for path in PATHS if x2d.dtype == torch.float32 else PATHS[:2]:  # oneDNN packing: float32 here
             try:
@@ -75,9 +96,9 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
             paths.append(path)
         start = time.perf_counter()
         _run("linear", layer, x2d)
-        calls = max(1, min(100, int(1e-3 / max(time.perf_counter() - start, 1e-6))))
+        calls = max(1, min(100, int(5e-4 / max(time.perf_counter() - start, 1e-6))))
         samples = {path: [] for path in paths}
-        for _ in range(5):
+        for _ in range(3):
             for path in paths:
                 start = time.perf_counter()
                 for _ in range(calls):
@@ -87,29 +108,114 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
         prior = prior_path(x2d.shape[0]) if prior_path(x2d.shape[0]) in median else "linear"
         best = min(median, key=median.get)
         CHOICES[key] = best if median[best] < 0.9 * median[prior] else prior
-    return CHOICES[key]
+        if CHOICES[key] != "onednn":
+            _PACKED.pop(layer, None)  # the trial's packed copy is not kept
+        _STORE["dirty"] = True
+        return CHOICES[key]
 
 
 def _fast_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not (1 <= rows <= MAX_ROWS) or x.device.type != "cpu" or type(self) is not nn.Linear or torch.is_grad_enabled():
+    if not _ACTIVE.get() or not (1 <= rows <= MAX_ROWS) or x.device.type != "cpu" or torch.is_grad_enabled():
         return _linear_forward(self, x)
     x2d = x.reshape(rows, x.shape[-1])
     out = _run(_choose(self, x2d), self, x2d)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _layers(model) -> list[nn.Linear]:
+    return [m for m in model.modules() if type(m) is nn.Linear]
+
+
 @contextlib.contextmanager
-def fast_linear(enabled: bool = True):
-    """Route `nn.Linear` products of up to MAX_ROWS rows on CPU through the fastest measured path while active."""
-    if not enabled or nn.Linear.forward is _fast_forward:
+def routed(model, enabled: bool = True):
+    """For the span of a call: `model`'s own `nn.Linear` layers take the fastest measured path inside `verifying()`."""
+    if not enabled:
         yield
         return
-    nn.Linear.forward = _fast_forward
+    with _LOCK:
+        _load_choices()
+        count = _ROUTED.get(model, 0)
+        if count == 0:
+            for layer in _layers(model):
+                layer.forward = _fast_forward.__get__(layer)
+        _ROUTED[model] = count + 1
     try:
         yield
     finally:
-        nn.Linear.forward = _linear_forward
+        with _LOCK:
+            _ROUTED[model] -= 1
+            if _ROUTED[model] == 0:
+                for layer in _layers(model):
+                    layer.__dict__.pop("forward", None)
+                del _ROUTED[model]
+            _save_choices()
 
 
-__all__ = ["fast_linear", "prior_path", "CHOICES", "PATHS", "MAX_ROWS"]
+@contextlib.contextmanager
+def verifying(enabled: bool = True):
+    """Inside: the routed layers' products (this thread's) take the fastest path."""
+    token = _ACTIVE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+@contextlib.contextmanager
+def fast_linear(model, enabled: bool = True):
+    """`routed` and `verifying` at once: every product of `model` inside takes the fastest path (benchmarks)."""
+    with routed(model, enabled), verifying(enabled):
+        yield
+
+
+def packed_bytes(model) -> int:
+    """Bytes of the oneDNN-packed weight copies kept for `model`'s layers."""
+    return sum(_PACKED[layer][1].weight.element_size() * _PACKED[layer][1].weight.nelement()
+               for layer in _layers(model) if layer in _PACKED)
+
+
+def choices_file() -> Path:
+    """Where this machine's choices are kept: per CPU model and torch version (each choice names its thread count)."""
+    from .default_model import cache_dir
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    name = f"{cpu}-torch{torch.__version__}"
+    return cache_dir() / "cpu_matmul" / (re.sub(r"[^A-Za-z0-9.+-]+", "_", name) + ".json")
+
+
+def _load_choices() -> None:
+    path = choices_file()
+    if _STORE["loaded"] == path:
+        return
+    _STORE["loaded"] = path
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    for entry in saved if isinstance(saved, list) else []:
+        if isinstance(entry, list) and len(entry) == 6 and entry[5] in PATHS:
+            CHOICES.setdefault(tuple(entry[:5]), entry[5])
+
+
+def _save_choices() -> None:
+    if not _STORE["dirty"] or _STORE["loaded"] is None:
+        return
+    _STORE["dirty"] = False
+    path = _STORE["loaded"]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([[*key, path_name] for key, path_name in sorted(CHOICES.items())]))
+        os.replace(tmp, path)  # atomically: a reader sees the old file or the new one
+    except OSError:
+        pass  # a read-only cache folder: the next process measures again
+
+
+__all__ = ["routed", "verifying", "fast_linear", "packed_bytes", "choices_file", "prior_path", "CHOICES", "PATHS",
+           "MAX_ROWS"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ..cpu_matmul import fast_linear
+from ..cpu_matmul import verifying
 from ..errors import InputError
 from ..tree import Tree
 
@@ -136,7 +136,7 @@ class RaggedKV:
             kwargs["logits_to_keep"] = num_logits
         if mask is not None:
             kwargs["attention_mask"] = mask
-        with fast_linear(self.fast):
+        with verifying(self.fast):  # (the loop routes the target's layers for the call: cpu_matmul.routed)
             if self.capture is None:
                 out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
             else:
@@ -194,8 +194,9 @@ class RaggedKV:
     def _crop_trailing(self) -> None:
         used = max((c[-1] + 1 for c in self.cols if c), default=0)
         droppable = self.slots - used
-        # crop(0) too: it trims sliding-window layers back to their window once the step is settled
-        self.cache.crop(-droppable)
+        if self.slots:  # (a cache nothing was fed into yet has nothing to crop)
+            # crop(0) too: it trims sliding-window layers back to their window once the step is settled
+            self.cache.crop(-droppable)
         self.slot_mask = self.slot_mask[:, :used]
 
     def select_rows(self, rows: list[int]) -> None:

@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..assistants import claim
 from ..cache.ragged import RaggedKV
+from ..cpu_matmul import routed
 from ..draft_length import policy_for_call
 from ..drafters.base import DraftSettings
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .step import DeviceClock, speculative_step
-from .validate import validate
+from .validate import request_for, validate
 
 
 @dataclass
@@ -68,7 +70,7 @@ def speculative_generate(
     assistant=None,
     num_draft_tokens: int | None = None,
     speculation_stats: SpeculationStats | None = None,
-    draft_length="constant",
+    draft_length=None,
     fast_cpu_verify: bool = True,
     hf_specdec_streamer=None,
     verification: str = "exact",
@@ -83,38 +85,43 @@ def speculative_generate(
     arguments: `assistant` (a drafter name such as 'ngram' or 'distilled', a draft model, a Drafter, a folder or Hub
     id: see `hf_specdec.assistants`), `num_draft_tokens` (max drafts per step), `speculation_stats` (a
     `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a policy, see `draft_length.py`;
-    `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`), `verification` ('exact', or 'typical':
+    default: adaptive for greedy decoding of one sequence, else constant; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`), `verification` ('exact', or 'typical':
     Medusa's typical acceptance with `typical_threshold` / `typical_alpha`, sampling only, LOSSY).
     """
-    # 1. Validate every input before any forward pass.
-    request = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, assistant, num_draft_tokens,
-                       verification, typical_threshold, typical_alpha)
-    # 2. Set up the rows, the target's ragged cache and the drafter.
-    run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request,
-                 model_kwargs.get("attention_mask"), speculation_stats, draft_length, fast_cpu_verify,
-                 hf_specdec_streamer, assistant)
-    # 3. Decode: a step drafts, verifies and accepts for every row; emit appends what each row keeps.
-    while run.seqs.size:
-        emit(run, speculative_step(run))
-    # 4. Finish.
-    return finish(run, generation_config, request.cache, input_ids.shape[0])
+    # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
+    rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, assistant, num_draft_tokens,
+                    verification, typical_threshold, typical_alpha)
+    with claim(assistant, model) as drafter:  # a name's drafter is kept with the target; this call holds it
+        request = request_for(model, model_kwargs, drafter, num_draft_tokens, rule)
+        # 2. Set up the rows, the target's ragged cache and the drafter.
+        run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter,
+                     model_kwargs.get("attention_mask"), speculation_stats, draft_length, fast_cpu_verify,
+                     hf_specdec_streamer, assistant)
+        # 3. Decode: a step drafts, verifies and accepts for every row; emit appends what each row keeps.
+        with routed(model, run.target.fast):  # the target's CPU matmul path, for this call (cpu_matmul.py)
+            while run.seqs.size:
+                emit(run, speculative_step(run))
+        # 4. Finish.
+        return finish(run, generation_config, request.cache, input_ids.shape[0])
 
 
-def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, attention_mask,
+def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter, attention_mask,
            stats, draft_length, fast_cpu_verify, streamer, assistant) -> Run:
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    policy = policy_for_call(draft_length, assistant, model, input_ids.shape[0])
+    # what "adaptive" learns is kept per drafter: a name's, kept with the target, or the object the caller passed
+    learner = drafter if isinstance(assistant, str) else assistant
+    policy = policy_for_call(draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample))
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], fast_cpu_verify)
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
                              policy.confidence_threshold)
-    request.drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
+    drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
     if streamer is not None:
         streamer.put(input_ids.cpu())
     want = generation_config.return_dict_in_generate
-    run = Run(target, request.drafter, policy, request.rule, logits_processor,
+    run = Run(target, drafter, policy, request.rule, logits_processor,
               Stopper(stopping_criteria, generation_config.max_length), seqs,
               stats if stats is not None else SpeculationStats(), generation_config.max_length, input_ids,
               seqs.prompt_mask.clone(), streamer, want and bool(generation_config.output_scores),
