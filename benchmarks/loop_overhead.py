@@ -52,10 +52,10 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     prompt = torch.randint(2, 256, (batch, 16), generator=torch.Generator().manual_seed(batch))
     common = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     ours = lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,  # noqa: E731
-                                   num_draft_tokens=k, **common)
+                                   num_draft_tokens=k, **common, draft_length="constant")
     stats = SpeculationStats()
     target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                    speculation_stats=stats, **common)
+                    speculation_stats=stats, **common, draft_length="constant")
     assert stats.accepted_tokens == stats.drafted_tokens, stats.as_dict()
     plain = lambda: target.generate(prompt, **common)  # noqa: E731
     runs = {"ours": ours, "plain": plain}

@@ -56,7 +56,7 @@ def build_method(name, model):
         return lambda ids, mask, n: model.generate(
             ids, attention_mask=mask, do_sample=False, max_new_tokens=n, custom_generate=hf_specdec.speculative_generate,
             assistant=NgramDrafter(**kwargs), num_draft_tokens=k,
-        )
+        draft_length="constant")
     raise SystemExit(f"unknown method {name!r}; known: plain, pld<N>, {', '.join(NGRAM_SETTINGS)}")
 
 

@@ -24,7 +24,8 @@ for nodes in args.nodes:
     drafter = MedusaDrafter(heads, tree=nodes)  # the `nodes` paths likeliest to be accepted, from the heads' accuracy
     stats = hf_specdec.SpeculationStats()
     out = model.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter,
-                         max_new_tokens=args.max_new_tokens, do_sample=False, speculation_stats=stats)
+                         max_new_tokens=args.max_new_tokens, do_sample=False, speculation_stats=stats,
+                         draft_length="constant")  # the whole tree at every step (adaptive would size it by cost)
     assert torch.equal(out, plain)  # exact
     print(f"{nodes}-node tree: {stats.mean_accepted_tokens:.2f} tokens per target forward, "
           f"acceptance by depth {[round(a, 2) for a in stats.acceptance_by_position]}")

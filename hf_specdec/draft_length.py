@@ -31,8 +31,9 @@ class StepOutcome:
     """What a step did, as the loop reports it to the policy after each step."""
 
     num_drafted: int  # draft tokens verified (a chain: its length; a tree: its nodes)
-    num_tried: int  # chain positions tried: the drafts, plus one when the drafter stopped on low confidence (a miss)
-    num_accepted: int  # drafts accepted (the fewest over the batch's rows)
+    num_tried: int | list[int]  # per row, chain positions tried: its drafts, plus one when the drafter stopped on low
+    #   confidence (a miss)
+    num_accepted: int | list[int]  # per row, drafts accepted
     draft_seconds: float  # drafting time
     step_seconds: float  # the whole step: drafting, the verification forward, acceptance and roll-back
     tree_paths: list[list[int]] | None = None  # a tree step: each row's accepted nodes (None: a chain step)
@@ -80,6 +81,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     drafted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
     in_run: bool | None = None
     verify_seconds: dict[int, float] = field(default_factory=dict)  # tokens in the verification forward -> seconds
+    verify_samples: dict[int, int] = field(default_factory=dict)  # how many steps measured each width
     draft_seconds_per_token: float | None = None
     steps: int = 0
     # trees: decayed counts per node (the tree's node order, likeliest first) of being verified and accepted, and
@@ -119,8 +121,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self.record_tree(outcome.num_drafted, outcome.tree_paths)
         else:
             self.record_acceptance(outcome.num_tried, outcome.num_accepted)
+        tried = outcome.num_tried
         self.record_costs(outcome.num_drafted, outcome.draft_seconds, outcome.step_seconds - outcome.draft_seconds,
-                          num_tried=outcome.num_tried)
+                          num_tried=max(tried, default=0) if isinstance(tried, list) else tried)
 
     def record_tree(self, size: int, paths: list[list[int]]) -> None:
         """A tree step of `size` nodes and each row's accepted nodes: how often each node is on the accepted path."""
@@ -144,23 +147,25 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             previous = 0.5 * p
         return expected
 
-    def record_acceptance(self, num_drafted: int, num_accepted: int) -> None:
+    def record_acceptance(self, num_drafted: int | list[int], num_accepted: int | list[int]) -> None:
         """The positions a step tried (its drafts, plus one when the drafter stopped on low confidence, which counts
         as a miss: a_i must be what choosing a length i yields, not the acceptance of confident drafts alone) and how
-        many of them the target accepted."""
-        if num_drafted == 0:
+        many of them the target accepted; per row in a batch (each row is a trial: tokens per second count them all)."""
+        rows = [(d, a) for d, a in zip(*(x if isinstance(x, list) else [x] for x in (num_drafted, num_accepted))) if d]
+        if not rows:
             self.in_run = None
             return
         drafted, accepted = self.drafted[self.in_run], self.accepted[self.in_run]
-        while len(drafted) < num_drafted:
+        while len(drafted) < max(d for d, _ in rows):
             drafted.append(0.0)
             accepted.append(0.0)
         # Only the positions this step tried age: a position tried rarely keeps what its trials showed, instead of
         # fading into the prior and looking as good as position 1 (which would draw the policy to it).
-        for i in range(min(num_drafted, num_accepted + 1)):  # positions past the first rejection were not tried
-            drafted[i] = self.decay * drafted[i] + 1
-            accepted[i] = self.decay * accepted[i] + int(i < num_accepted)
-        self.in_run = num_accepted == num_drafted
+        for num_tried, num_ok in rows:
+            for i in range(min(num_tried, num_ok + 1)):  # positions past the first rejection were not tried
+                drafted[i] = self.decay * drafted[i] + 1
+                accepted[i] = self.decay * accepted[i] + int(i < num_ok)
+        self.in_run = all(a == d for d, a in rows)
 
     def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float, num_tried: int | None = None) -> None:
         """A step's drafting time, and the rest (verification forward, acceptance, cache roll-back and bookkeeping).
@@ -168,8 +173,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         first, self.first_step = self.first_step, False
         if not first:  # the first step's forward also reads the prompt: its verification time says nothing
             n = num_drafted + 1
-            old = self.verify_seconds.get(n)
-            self.verify_seconds[n] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
+            old, seen = self.verify_seconds.get(n), self.verify_samples.get(n, 0)
+            self.verify_samples[n] = seen + 1
+            if old is None or seen == 1:
+                # the first forward of a width may carry one-time costs (the CPU path timing its matmuls, the
+                # allocator growing): the second sample replaces it
+                self.verify_seconds[n] = verify_seconds
+            else:
+                # noise on a shared machine only ever adds time: a sample far above the estimate moves it little
+                weight = 0.3 if verify_seconds < 1.5 * old else 0.05
+                self.verify_seconds[n] = (1 - weight) * old + weight * verify_seconds
         tried = num_drafted if num_tried is None else num_tried
         if tried:
             per_token = draft_seconds / tried
@@ -197,7 +210,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def step_seconds(self, k: int) -> float:
         """Drafting plus the rest of a step with k drafts; times in between measured lengths are interpolated, beyond
-        the longest one extrapolated along the last measured slope (never downwards)."""
+        the longest one extrapolated along the last measured slope (never downwards); and never above a wider
+        forward's measured time (a narrower forward does no more work: a higher figure is noise that would otherwise
+        keep that length from ever being tried again)."""
         n, known = k + 1, sorted(self.verify_seconds)
         below = [m for m in known if m <= n]
         above = [m for m in known if m >= n]
@@ -213,19 +228,27 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 lo, hi = below[-2], below[-1]
                 slope = max(0.0, (self.verify_seconds[hi] - self.verify_seconds[lo]) / (hi - lo))
                 verify += slope * (n - hi)
+        wider = [self.verify_seconds[m] for m in known if m > n]
+        if wider:
+            verify = min(verify, min(wider))
         return k * (self.draft_seconds_per_token or 0.0) + verify
 
 
-#: what "adaptive" learned, per assistant object and (target, batch size), so later calls start from it
+#: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object) and (target, batch
+#: size), so that later calls start from it
 _LEARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def policy_for_call(value, assistant, model, batch_size: int):
-    """The policy a `generate()` call uses. For "adaptive" with an assistant object (a model or a Drafter, not a
-    name), the same policy object as that assistant's previous calls on this target and batch size."""
-    if value == "adaptive" and not isinstance(assistant, str):
+def policy_for_call(value, learner, model, batch_size: int, sampling: bool = False):
+    """The policy a `generate()` call uses. `None` (the default) is "adaptive" for greedy decoding of one sequence, the
+    fastest measured there (BENCHMARKS.md), and "constant" for sampling (so that a fixed seed reproduces its sample)
+    and for batches (where n-gram lookup's long copies, which a constant cap lets through, measured faster). "adaptive"
+    is the same policy object as `learner`'s previous calls on this target and batch size."""
+    if value is None:
+        value = "adaptive" if batch_size == 1 and not sampling else "constant"
+    if value == "adaptive":
         try:
-            learned = _LEARNED.setdefault(assistant, {})
+            learned = _LEARNED.setdefault(learner, {})
         except TypeError:  # not weak-referenceable
             return AdaptiveDraftLength()
         return learned.setdefault((id(model), batch_size), AdaptiveDraftLength())

@@ -39,7 +39,7 @@ def test_batched_greedy_equals_plain_batched(arch_name):
             expected = target.generate(ids, **kwargs)
             for k in (1, 4):
                 out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                      speculation_stats=stats, **kwargs)
+                                      speculation_stats=stats, **kwargs, draft_length="constant")
                 assert torch.equal(out, expected), f"{arch_name} batch={batch_size} k={k}"
     assert_speculated(stats, depth=3, rows=8, uneven=True)
 
@@ -54,7 +54,8 @@ def test_batch_of_one_with_padding_equals_plain():
         ids = torch.cat([torch.full((1, 3), PAD), prompt], dim=1)
         mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], dim=1)
         kwargs = dict(max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        spec = dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3, speculation_stats=stats)
+        spec = dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3, speculation_stats=stats,
+                    draft_length="constant")
         padded = target.generate(ids, attention_mask=mask, **spec, **kwargs)
         assert torch.equal(padded, target.generate(ids, attention_mask=mask, **kwargs))
         assert torch.equal(target.generate(prompt, **spec, **kwargs), target.generate(prompt, **kwargs))
@@ -85,7 +86,7 @@ def assert_batched_sampling_matches_target(target, assistant, prompts, samples, 
     drawn = [[] for _ in prompts]
     for _ in range(samples // repeats):
         out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=assistant,
-                              num_draft_tokens=2, speculation_stats=stats, **kwargs)
+                              num_draft_tokens=2, speculation_stats=stats, **kwargs, draft_length="constant")
         for row, seq in enumerate(out[:, ids.shape[1] :].tolist()):
             drawn[row // repeats].append(tuple(seq))
     for b, prompt in enumerate(prompts):
@@ -106,11 +107,11 @@ def test_batch_refusals_are_clear():
     ids, mask = left_pad(random_prompts(2, seed=1))
     with pytest.raises(ValueError, match="DynamicCache"):
         target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=perturbed_copy(target),
-                        cache_implementation="static", max_new_tokens=5, pad_token_id=PAD)
+                        cache_implementation="static", max_new_tokens=5, pad_token_id=PAD, draft_length="constant")
     # the model works normally after the refusal
     stats = SpeculationStats()
     out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, speculation_stats=stats,
-                          assistant=perturbed_copy(target), max_new_tokens=12, pad_token_id=PAD)
+                          assistant=perturbed_copy(target), max_new_tokens=12, pad_token_id=PAD, draft_length="constant")
     assert torch.equal(out, target.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=PAD))
     assert_speculated(stats, rows=2)
 
@@ -126,7 +127,7 @@ def _ragged_batch_check(target, assistant, vocab, prompts, k_values=(2, 5), step
         expected = target.generate(ids, **kwargs)
         for k in k_values:
             out = target.generate(ids, custom_generate=speculative_generate, assistant=assistant, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs)
+                                  speculation_stats=stats, **kwargs, draft_length="constant")
             assert torch.equal(out, expected), f"batch={batch_size} k={k}"
     return stats
 

@@ -173,7 +173,7 @@ def test_sampling_matches_target(tokenizers):
         lambda: target.generate(
             prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=2,
             speculation_stats=stats, **kwargs,
-        ),
+        draft_length="constant"),
         prompt.shape[1],
         2_500,
     )
@@ -215,7 +215,7 @@ def test_real_smollm2_target_with_a_character_level_draft_tokenizer():
             out = model.generate(
                 **enc, max_new_tokens=32, do_sample=False, custom_generate=speculative_generate, assistant=drafter,
                 num_draft_tokens=4, speculation_stats=stats,
-            )
+            draft_length="constant")
             assert torch.equal(out, plain)
             # an oracle drafter: well above 1; measured 2.0 here at k=4 (token-boundary re-alignment costs the rest)
             assert stats.mean_accepted_tokens > 1.5, stats.as_dict()

@@ -65,7 +65,7 @@ def test_real_model_speculative_greedy_equals_plain(smollm):
         plain = model.generate(**enc, max_new_tokens=48, do_sample=False)
         for name, drafter in drafters.items():
             out = model.generate(**enc, max_new_tokens=48, do_sample=False, custom_generate=speculative_generate,
-                                 assistant=drafter, num_draft_tokens=4, speculation_stats=stats[name])
+                                 assistant=drafter, num_draft_tokens=4, speculation_stats=stats[name], draft_length="constant")
             assert torch.equal(out, plain), f"{name} on {prompt!r}:\n{tokenizer.decode(out[0])}\n---\n{tokenizer.decode(plain[0])}"
     for name, st in stats.items():
         assert_speculated(st, what=name)
@@ -87,7 +87,7 @@ def test_shipped_drafters_decode_exactly_in_batches(smollm):
     for name in names:
         stats = SpeculationStats()
         out = model.generate(**kwargs, custom_generate=speculative_generate, assistant=name,
-                             speculation_stats=stats)
+                             speculation_stats=stats, draft_length="constant")
         assert torch.equal(out, plain), name
         assert_speculated(stats, rows=2, what=name)
 

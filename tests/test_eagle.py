@@ -67,7 +67,7 @@ def test_eagle_batched_greedy_identical_with_eos(one_thread):
         expected = target.generate(ids, **kwargs)
         for k in (2, 5):
             out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs)
+                                  speculation_stats=stats, **kwargs, draft_length="constant")
             assert torch.equal(out, expected), f"batch={batch_size} k={k}"
     assert_speculated(stats, depth=3, rows=6, uneven=True)
 
@@ -93,7 +93,7 @@ def test_eagle_receives_the_targets_real_hidden_states(one_thread):
     eagle = RecordingEagle(eagle_for(target))
     ids, mask = left_pad(random_prompts(4, vocab=16, seed=2, min_len=3, max_len=9))
     out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=eagle,
-                          num_draft_tokens=3, max_new_tokens=16, do_sample=False, pad_token_id=PAD)
+                          num_draft_tokens=3, max_new_tokens=16, do_sample=False, pad_token_id=PAD, draft_length="constant")
     for b, features in zip(eagle.row_ids, eagle.features):
         eagle.final[b] = features
     assert sorted(eagle.final) == [0, 1, 2, 3]
@@ -140,7 +140,7 @@ def test_eagle_round_trip_and_clear_errors(tmp_path, one_thread):
     stats = SpeculationStats()
     for prompt in random_prompts(3, vocab=16, seed=1):
         a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12,
-                            do_sample=False, speculation_stats=stats)
+                            do_sample=False, speculation_stats=stats, draft_length="constant")
         assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
     assert_speculated(stats)
     with pytest.raises(ValueError, match="target_features"):

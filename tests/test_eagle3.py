@@ -59,7 +59,7 @@ def test_eagle3_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_t
         expected = target.generate(ids, **kwargs)
         for k in (2, 5):
             out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs)
+                                  speculation_stats=stats, **kwargs, draft_length="constant")
             assert torch.equal(out, expected), f"batch={batch_size} k={k}"
     assert_speculated(stats, depth=2, rows=5, uneven=True)  # (the last row stops after 5 tokens)
 
@@ -77,7 +77,7 @@ def test_eagle3_receives_the_states_entering_its_layers(one_thread):
     ids, mask = left_pad(prompts)
     stats = SpeculationStats()
     out = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate, assistant=eagle,
-                          num_draft_tokens=3, max_new_tokens=16, do_sample=False, pad_token_id=PAD, speculation_stats=stats)
+                          num_draft_tokens=3, max_new_tokens=16, do_sample=False, pad_token_id=PAD, speculation_stats=stats, draft_length="constant")
     assert_speculated(stats)
     for b, features in zip(eagle.row_ids, eagle.features):
         eagle.final[b] = features
@@ -135,7 +135,7 @@ def test_eagle3_round_trip_and_clear_errors(tmp_path, one_thread):
     stats = SpeculationStats()
     for prompt in prompts:
         a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12,
-                            do_sample=False, speculation_stats=stats)
+                            do_sample=False, speculation_stats=stats, draft_length="constant")
         assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
     assert_speculated(stats)
     with pytest.raises(ValueError, match="16-token vocabulary and hidden size 48.*has 20 and 48"):

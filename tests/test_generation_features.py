@@ -28,7 +28,7 @@ def stats():
 
 def spec(target, drafter, prompt, k=4, stats=None, **kwargs):
     return target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                           speculation_stats=stats, **kwargs)
+                           speculation_stats=stats, **kwargs, draft_length="constant")
 
 
 def test_several_eos_ids_stop_where_plain_stops(pair, stats):
@@ -64,7 +64,7 @@ def test_stop_strings_and_custom_criteria_cut_inside_accepted_block(pair, stats)
             out = target.generate(
                 prompt, assistant=drafter, num_draft_tokens=6, max_new_tokens=30, do_sample=False,
                 stop_strings=[stop], tokenizer=tokenizer, speculation_stats=stats,
-            )
+            draft_length="constant")
         finally:
             hf_specdec.disable(target)
         assert torch.equal(out, expected)
@@ -137,7 +137,7 @@ def test_streamer_output_equals_returned_text(pair, stats):
     try:
         streamer = CollectingStreamer(tokenizer)
         out = target.generate(prompt, assistant=drafter, num_draft_tokens=4, max_new_tokens=25, do_sample=False,
-                              streamer=streamer, speculation_stats=stats)
+                              streamer=streamer, speculation_stats=stats, draft_length="constant")
     finally:
         hf_specdec.disable(target)
     assert torch.equal(out, target.generate(prompt, max_new_tokens=25, do_sample=False))

@@ -46,7 +46,7 @@ def test_greedy_identical_to_plain(arch_name):
                 out = target.generate(
                     prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
                     assistant=assistant, num_draft_tokens=k, speculation_stats=stats,
-                )
+                draft_length="constant")
                 assert torch.equal(out, expected), f"{arch_name}/{drafter_name}/k={k}: output differs from plain greedy"
                 if drafter_name == "target_itself":  # every draft accepted: k+1 tokens per target forward
                     assert stats.target_forwards - before == math.ceil(NEW_TOKENS / (k + 1))
@@ -67,7 +67,7 @@ def test_ngram_drafter_greedy_identical(arch):
         out = target.generate(
             prompt, max_new_tokens=30, do_sample=False, custom_generate=speculative_generate,
             assistant=NgramDrafter(), num_draft_tokens=4, speculation_stats=stats,
-        )
+        draft_length="constant")
         assert torch.equal(out, expected)
     assert_speculated(stats, depth=2)  # random models repeat themselves, so lookup finds something
 
@@ -81,14 +81,14 @@ def test_enable_route_matches_plain_and_disable_restores():
     stats = SpeculationStats()
     try:
         out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant=drafter, num_draft_tokens=3,
-                              speculation_stats=stats)
+                              speculation_stats=stats, draft_length="constant")
         assert torch.equal(out, expected)
         assert_speculated(stats, depth=2)
         assert torch.equal(target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False), expected)
     finally:
         hf_specdec.disable(target)
     with pytest.raises(ValueError):  # the plain generate() rejects the unknown kwarg again
-        target.generate(prompt, max_new_tokens=3, assistant=drafter)
+        target.generate(prompt, max_new_tokens=3, assistant=drafter, draft_length="constant")
 
 
 def test_repetition_penalty_and_min_new_tokens_greedy():
@@ -106,7 +106,7 @@ def test_repetition_penalty_and_min_new_tokens_greedy():
         expected = target.generate(prompt, **kwargs)
         held_back += expected.shape[1] - prompt.shape[1] >= 12
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
-                              speculation_stats=stats, **kwargs)
+                              speculation_stats=stats, **kwargs, draft_length="constant")
         assert torch.equal(out, expected)
     assert held_back == 10  # min_new_tokens really changed the output
     assert_speculated(stats, depth=3)
@@ -121,7 +121,7 @@ def test_fast_cpu_verify_off_is_also_exact():
         out = target.generate(
             prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
             assistant=drafter, num_draft_tokens=3, fast_cpu_verify=False, speculation_stats=stats,
-        )
+        draft_length="constant")
         assert torch.equal(out, expected)
     assert_speculated(stats, depth=3)
 
@@ -202,7 +202,7 @@ def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
 
     class Recording(ConstantDraftLength):
         def update(self, outcome):
-            tried.append(outcome.num_tried)
+            tried.append(max(outcome.num_tried))  # (per row; one row here)
 
     target = ARCHITECTURES["llama"]()
     drafter = DraftModelDrafter(perturbed_copy(target))

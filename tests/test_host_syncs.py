@@ -45,7 +45,7 @@ def syncs_and_forwards(make_drafter, ids, mask, new_tokens):
     with count_host_syncs() as syncs:
         TARGET.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD,
                         custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
-                        speculation_stats=stats)
+                        speculation_stats=stats, draft_length="constant")
     return syncs.total, stats
 
 

@@ -89,7 +89,7 @@ def greedy_pairs(target, assistant, n=3, max_new_tokens=12, **kwargs):
     for prompt in random_prompts(n, seed=7):
         plain = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
         spec = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, assistant=assistant,
-                               custom_generate=hf_specdec.speculative_generate, **kwargs)
+                               custom_generate=hf_specdec.speculative_generate, **kwargs, draft_length="constant")
         yield plain, spec
 
 
@@ -195,7 +195,7 @@ for name, folder in drafters.items():
         plain = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)
         out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
                               custom_generate=folder, trust_remote_code=True, num_draft_tokens=4,
-                              return_dict_in_generate=True)
+                              return_dict_in_generate=True, draft_length="constant")
         report[name]["identical"].append(plain[0].tolist() == out.sequences[0].tolist())
         report[name]["accepted"] += out.speculation_stats.accepted_tokens
         report[name]["drafted"] += out.speculation_stats.drafted_tokens

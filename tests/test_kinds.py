@@ -109,7 +109,7 @@ def test_a_registered_kind_loads_saves_exports_and_decodes(registered, tmp_path)
     stats = SpeculationStats()
     for prompt in prompts:
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=model, num_draft_tokens=3,
-                              max_new_tokens=30, do_sample=False, speculation_stats=stats)
+                              max_new_tokens=30, do_sample=False, speculation_stats=stats, draft_length="constant")
         assert torch.equal(out, target.generate(prompt, max_new_tokens=30, do_sample=False))
     assert_speculated(stats, depth=2)
     from hf_specdec.export import export_drafter

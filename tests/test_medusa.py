@@ -79,7 +79,7 @@ def test_medusa_chain_greedy_identical(make_target, one_thread):
         expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
         for k in (1, 3):
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=chain, num_draft_tokens=k,
-                                  max_new_tokens=24, do_sample=False, speculation_stats=stats)
+                                  max_new_tokens=24, do_sample=False, speculation_stats=stats, draft_length="constant")
             assert torch.equal(out, expected)
     assert_speculated(stats, depth=3)
 
@@ -96,7 +96,7 @@ def test_medusa_chain_batched_greedy_identical_with_eos(one_thread):
                       eos_token_id=[int(free[0, ids.shape[1] + 4])])
         expected = target.generate(ids, **kwargs)
         out = target.generate(ids, custom_generate=speculative_generate, assistant=chain, num_draft_tokens=3,
-                              speculation_stats=stats, **kwargs)
+                              speculation_stats=stats, **kwargs, draft_length="constant")
         assert torch.equal(out, expected), f"batch={batch_size}"
     assert_speculated(stats, depth=2, rows=2, uneven=True)
 
@@ -131,7 +131,7 @@ def test_medusa_round_trip(tmp_path, one_thread):
     stats = [SpeculationStats(), SpeculationStats()]
     for prompt in PROMPTS16[:3]:
         runs = [target.generate(prompt, custom_generate=speculative_generate, assistant=h, max_new_tokens=16,
-                                do_sample=False, speculation_stats=s) for h, s in zip((heads, loaded), stats)]
+                                do_sample=False, speculation_stats=s, draft_length="constant") for h, s in zip((heads, loaded), stats)]
         assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], target.generate(prompt, max_new_tokens=16,
                                                                                      do_sample=False))
     assert stats[0].accepted_by_position == stats[1].accepted_by_position
@@ -183,7 +183,7 @@ def test_medusa_tree_greedy_identical(make_target, one_thread):
             expected = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.2)
             for k in (4, None):  # the first 4 nodes, the whole tree
                 out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                      max_new_tokens=20, do_sample=False, repetition_penalty=1.2, speculation_stats=stats)
+                                      max_new_tokens=20, do_sample=False, repetition_penalty=1.2, speculation_stats=stats, draft_length="constant")
                 assert torch.equal(out, expected), name
         assert_speculated(stats, depth=2, what=name)
 
@@ -197,7 +197,7 @@ def test_medusa_tree_in_batches_with_eos(one_thread):
     kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD,
                   eos_token_id=[int(free[0, ids.shape[1] + 4])])
     stats = SpeculationStats()
-    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, speculation_stats=stats, **kwargs)
+    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, speculation_stats=stats, **kwargs, draft_length="constant")
     assert torch.equal(out, target.generate(ids, **kwargs))
     assert_speculated(stats, depth=2, rows=2, uneven=True)
 
@@ -287,11 +287,11 @@ def test_typical_acceptance_is_opt_in_lossy_and_checked(sampling_target, one_thr
     prompt = SAMPLING_PROMPT
     base = dict(custom_generate=speculative_generate, max_new_tokens=3)
     with pytest.raises(ValueError, match="sampling rule"):
-        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=False, verification="typical", **base)
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=False, verification="typical", **base, draft_length="constant")
     with pytest.raises(ValueError, match="'exact'"):
-        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="lossless", **base)
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="lossless", **base, draft_length="constant")
     with pytest.warns(UserWarning, match="lossy"):
-        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="typical", **base)
+        target.generate(prompt, assistant=MedusaDrafter(heads), do_sample=True, verification="typical", **base, draft_length="constant")
     # With a bar no token clears (threshold 1), every draft is rejected and each token is drawn from the target after
     # the accepted prefix: the output is then exactly the target's distribution, through both the chain and tree paths.
     for tree in ("chain", SIBLING_TREE):

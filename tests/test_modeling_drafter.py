@@ -182,11 +182,11 @@ def test_speculative_decoding_with_the_drafter_is_exact(draft_vocab_size):
         prompt = torch.randint(2, VOCAB, (1, 5 + seed), generator=torch.Generator().manual_seed(seed))
         plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
         spec = target.generate(prompt, max_new_tokens=24, do_sample=False, custom_generate=hf_specdec.speculative_generate,
-                               assistant=drafter, num_draft_tokens=4, speculation_stats=stats)
+                               assistant=drafter, num_draft_tokens=4, speculation_stats=stats, draft_length="constant")
         assert torch.equal(plain, spec)
     assert drafter.is_bound
     assert_speculated(stats, depth=3)
     # sampling runs too (q is zero outside the draft vocabulary; the target still decides every token)
     out = target.generate(prompt, max_new_tokens=8, do_sample=True, custom_generate=hf_specdec.speculative_generate,
-                          assistant=drafter, num_draft_tokens=3)
+                          assistant=drafter, num_draft_tokens=3, draft_length="constant")
     assert out.shape[1] == prompt.shape[1] + 8

@@ -181,7 +181,7 @@ def test_greedy_identical_to_plain(arch_name):
                 out = target.generate(
                     prompt, max_new_tokens=30, do_sample=False, custom_generate=speculative_generate,
                     assistant=NgramDrafter(**kwargs), num_draft_tokens=k, speculation_stats=stats,
-                )
+                draft_length="constant")
                 assert torch.equal(out, expected), f"{arch_name}/{name}/k={k}: output differs from plain greedy"
         # tiny random models repeat themselves: lookup finds something (2-gram matches, when uncapped, are rarer)
         assert_speculated(stats, depth=1 if name == "uncapped" else 2, what=name)
@@ -195,7 +195,7 @@ def test_greedy_with_repetition_penalty_and_one_drafter_reused():
         kwargs = dict(max_new_tokens=25, do_sample=False, repetition_penalty=1.3)
         expected = target.generate(prompt, **kwargs)
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
-                              speculation_stats=stats, **kwargs)
+                              speculation_stats=stats, **kwargs, draft_length="constant")
         assert torch.equal(out, expected)
     assert_speculated(stats, depth=2)
 
@@ -215,7 +215,7 @@ def _sampled_pvalue(target, drafter, config, stats):
         lambda: target.generate(
             SAMPLE_PROMPT, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3,
             speculation_stats=stats, **kwargs,
-        ),
+        draft_length="constant"),
         SAMPLE_PROMPT.shape[1],
         NUM_SAMPLES,
     )

@@ -23,11 +23,11 @@ def test_the_table_holds_the_targets_top_successors_of_what_it_read():
     drafter = RecycleDrafter(top_k=4)
     prompt = torch.tensor([[3, 9, 17, 25]])
     # one token: a single (prefill) forward, which read the prompt's last token
-    target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=1)
+    target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=1, draft_length="constant")
     assert drafter.table[25].tolist() == target(prompt).logits[0, -1].topk(4).indices.tolist()
     assert drafter.table.shape == (32, 4) and drafter.table[24].tolist() == [0, 1, 2, 3]  # unread: the initial guess
     table = drafter.table
-    target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=4)
+    target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=4, draft_length="constant")
     assert drafter.table is table  # kept across calls ("recycled")
     drafter.reset()
     assert drafter.table is None
@@ -45,7 +45,7 @@ def test_greedy_identical_to_plain_tree_and_chain(arch_name):
             for k in (3, None):
                 out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
                                       num_draft_tokens=k, max_new_tokens=30, do_sample=False, repetition_penalty=1.1,
-                                      speculation_stats=stats)
+                                      speculation_stats=stats, draft_length="constant")
                 assert torch.equal(out, expected), f"{arch_name}/{name}/k={k}"
         assert_speculated(stats, depth=2, what=name)
 
@@ -61,7 +61,7 @@ def test_in_batches_with_eos_and_backing_ngram():
     for assistant in (RecycleDrafter(), "ngram+recycle"):
         stats = SpeculationStats()
         out = target.generate(ids, custom_generate=speculative_generate, assistant=assistant, speculation_stats=stats,
-                              **kwargs)
+                              **kwargs, draft_length="constant")
         assert torch.equal(out, expected), assistant
         assert_speculated(stats, depth=2, rows=1, uneven=True, what=str(assistant))
         assert sum(a > 0 for a in stats.accepted_by_row) >= 3, stats.accepted_by_row

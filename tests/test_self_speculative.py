@@ -56,7 +56,7 @@ def _speculative(target, prompt, drafter, k, stats, **kwargs):
     return target.generate(
         prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k, speculation_stats=stats,
         **kwargs,
-    )
+    draft_length="constant")
 
 
 @pytest.mark.parametrize("arch_name", sorted(BUILDERS))
@@ -137,7 +137,7 @@ def test_unsupported_architecture_and_bad_layer_counts_are_refused_before_any_fo
                   word_embed_proj_dim=32, max_position_embeddings=64)
     ).eval()
     with pytest.raises(ValueError, match="gpt2, llama, mistral, qwen2, qwen3"):
-        opt.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=SelfSpeculativeDrafter(1), max_new_tokens=3)
+        opt.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=SelfSpeculativeDrafter(1), max_new_tokens=3, draft_length="constant")
     target = tiny_llama(layers=2)
     with pytest.raises(ValueError, match="exceeds"):
         _speculative(target, PROMPTS[0], SelfSpeculativeDrafter(3), 2, SpeculationStats(), max_new_tokens=3)
@@ -198,7 +198,7 @@ def test_real_smollm2_all_layers_and_early_exit():
         out = model.generate(
             **enc, max_new_tokens=24, do_sample=False, custom_generate=speculative_generate,
             assistant=SelfSpeculativeDrafter(num_layers), num_draft_tokens=3, speculation_stats=stats,
-        )
+        draft_length="constant")
         assert torch.equal(out, plain)
         if num_layers == model.config.num_hidden_layers:
             assert stats.accepted_tokens == stats.drafted_tokens and stats.target_forwards == 6

@@ -52,7 +52,7 @@ def test_greedy_past_the_window_with_a_draft_model_of_the_same_family(name):
         expected = target.generate(prompt, **kwargs)
         for k in (2, 5):
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs)
+                                  speculation_stats=stats, **kwargs, draft_length="constant")
             assert torch.equal(out, expected), f"{name} k={k}"
     assert_speculated(stats, depth=3)  # rejections happened: both caches were rolled back past the window
 
@@ -80,7 +80,7 @@ def test_every_kind_of_cache_past_the_window_through_enable():
             for prompt in prompts:
                 expected = model.generate(prompt, max_new_tokens=32, do_sample=False)
                 out = model.generate(prompt, max_new_tokens=32, do_sample=False, assistant=drafter, num_draft_tokens=3,
-                                     speculation_stats=stats)
+                                     speculation_stats=stats, draft_length="constant")
                 assert torch.equal(out, expected), name
         finally:
             hf_specdec.disable(model)
@@ -99,7 +99,7 @@ def test_sampling_past_the_window_keeps_the_targets_distribution():
     stats = SpeculationStats()
     samples = sample_sequences(
         lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=2,
-                                speculation_stats=stats, **kwargs), prompt.shape[1], 3000)
+                                speculation_stats=stats, **kwargs, draft_length="constant"), prompt.shape[1], 3000)
     assert chi_square_pvalue(samples, exact) > 1e-3
     assert_speculated(stats, depth=2)
 
@@ -109,14 +109,14 @@ def test_what_sliding_windows_cannot_do_is_refused_before_any_work():
     ids = torch.cat([PROMPTS[0], PROMPTS[0]])
     with pytest.raises(ValueError, match="sliding-window attention"):
         target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, custom_generate=speculative_generate,
-                        assistant=perturbed_copy(target), max_new_tokens=4)
+                        assistant=perturbed_copy(target), max_new_tokens=4, draft_length="constant")
     heads = fitted_heads(target, PROMPTS)
     with pytest.raises(ValueError, match="tree='chain'"):
         target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=MedusaDrafter(heads),
-                        max_new_tokens=4)
+                        max_new_tokens=4, draft_length="constant")
     # the model still works, and speculates, afterwards
     stats = SpeculationStats()
     out = target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=perturbed_copy(target),
-                          max_new_tokens=20, do_sample=False, speculation_stats=stats)
+                          max_new_tokens=20, do_sample=False, speculation_stats=stats, draft_length="constant")
     assert torch.equal(out, target.generate(PROMPTS[0], max_new_tokens=20, do_sample=False))
     assert_speculated(stats)

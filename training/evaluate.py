@@ -55,6 +55,7 @@ def evaluate(accelerator, adapter: Adapter, model, target, tokenizer, heldout: T
         prompt = r["tokens"][None, : r["start"]].long().to(accelerator.device)
         target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
                         custom_generate=hf_specdec.speculative_generate, assistant=inner, num_draft_tokens=k,
+                        draft_length="constant",  # acceptance at every one of the k positions
                         speculation_stats=stats)
     inner.train(was_training)
     by_pos = lambda xs: [(xs[i] if i < len(xs) else 0) for i in range(k)]  # noqa: E731

@@ -95,7 +95,7 @@ def decode(target, prompt, drafter, k: int, new_tokens: int) -> tuple[torch.Tens
     stats = SpeculationStats()
     out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False,
                           pad_token_id=0, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                          speculation_stats=stats)
+                          speculation_stats=stats, draft_length="constant")
     return out, stats
 
 
@@ -138,7 +138,7 @@ def measure_shape(shape: str, device, dtype, k: int, new_tokens: int, repeats: i
             with count_host_syncs() as syncs:
                 target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                                 pad_token_id=0, custom_generate=speculative_generate, assistant=NgramDrafter(),
-                                num_draft_tokens=k, speculation_stats=stats)
+                                num_draft_tokens=k, speculation_stats=stats, draft_length="constant")
             counts.append((syncs.total, stats.target_forwards))
         row["host_syncs_per_step"][batch] = (counts[1][0] - counts[0][0]) / max(counts[1][1] - counts[0][1], 1)
 
@@ -156,11 +156,11 @@ def measure_shape(shape: str, device, dtype, k: int, new_tokens: int, repeats: i
     rep_common = dict(common, attention_mask=torch.ones_like(repetitive))
     plain_rep = lambda: target.generate(repetitive, **rep_common)  # noqa: E731
     ngram = lambda: target.generate(repetitive, custom_generate=speculative_generate, assistant=NgramDrafter(),  # noqa: E731
-                                    num_draft_tokens=k, **rep_common)
+                                    num_draft_tokens=k, **rep_common, draft_length="constant")
     rep_plain_s, rep_ngram_s = timed(plain_rep, device, repeats), timed(ngram, device, repeats)
     stats = SpeculationStats()
     out = target.generate(repetitive, custom_generate=speculative_generate, assistant=NgramDrafter(),
-                          num_draft_tokens=k, speculation_stats=stats, **rep_common)
+                          num_draft_tokens=k, speculation_stats=stats, **rep_common, draft_length="constant")
     row["throughput"]["ngram_repetitive_prompt"] = {
         "plain_tokens_per_second": new_tokens / rep_plain_s, "tokens_per_second": new_tokens / rep_ngram_s,
         "speedup": rep_plain_s / rep_ngram_s, "tokens_per_target_forward": stats.mean_accepted_tokens,

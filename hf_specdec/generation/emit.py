@@ -60,7 +60,8 @@ def emit(run, step) -> None:
                           step.draft_seconds, step.target_seconds)
     shape = step.draft.shape
     # a confidence stop is a miss at the next position: choosing a longer length bought nothing there
-    run.policy.update(StepOutcome(shape.size, shape.max_depth + int(step.draft.stopped_early), min(step.num_accepted),
+    stopped = int(step.draft.stopped_early)
+    run.policy.update(StepOutcome(shape.size, [d + stopped if d else 0 for d in step.draft.depth_by_row()], step.num_accepted,
                                   step.draft_seconds, step.draft_seconds + step.target_seconds,
                                   None if shape.is_chain else step.paths))
     run.drafter.accepted(seqs, step.verified)  # every row, finished ones too: what the target said still informs
