@@ -2,6 +2,8 @@
 
 Each lives in `hf_specdec/shipped_drafters/<name>/` as a `save_pretrained` folder, trained with `training/distill.py`
 (the exact command is in its model card and in BENCHMARKS.md). `AutoDrafter.from_pretrained("<name>")` loads one.
+Its model card (`README.md`, in the checkout a link to `model_cards/<name>.md`) is rendered from the measurements its
+config.json keeps (`hf_specdec.hub.card.write_shipped_cards()` writes them again after a measurement changes).
 """
 
 from __future__ import annotations
@@ -20,3 +22,4 @@ def shipped_drafter_names() -> list[str]:
 def shipped_folder(name: str) -> Path | None:
     """The folder of the shipped drafter `name`, or None."""
     return SHIPPED_DIR / name if name in shipped_drafter_names() else None
+

@@ -1,6 +1,6 @@
-"""Model cards of drafters: a `huggingface_hub.ModelCard` from the template shipped in the package
-(`hub/templates/drafter.md`), with Hub metadata (library, base model = the target, tags with the drafter kind,
-datasets, license), the measured acceptance, usage and training."""
+"""Model cards of drafters: a `huggingface_hub.ModelCard` from the template (`model_cards/template.md` in the checkout,
+`hub/templates/drafter.md` in the package), with Hub metadata (library, base model = the target, tags with the drafter
+kind, datasets, license), the measured acceptance and speed, usage, training and limits."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..default_model import DEFAULT_TARGET_NAME
 from ..kinds import kind_of
+from ..shipped import shipped_drafter_names, shipped_folder
 from .bundle import CUSTOM_GENERATE_DIR
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "drafter.md"
@@ -62,6 +63,7 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
     """The model card of the drafter saved in `folder` (save it as `folder/README.md`).
 
     target: the target's Hub id or folder (default: `config.target_name_or_path`); a Hub id becomes `base_model`.
+    datasets: the Hub ids of the training data (default: `config.training["datasets"]`).
     hardware: where the figures in `config.measured` were measured (default: `measured["hardware"]`, else
     "not recorded").
     """
@@ -78,6 +80,7 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
     tags = ["speculative-decoding", kind, *(["distillation"] if training else []), "hf-specdec",
             *(["custom_generate"] if has_custom_generate else [])]
     quantization = getattr(config, "target_quantization", None) or "none"
+    datasets = datasets if datasets is not None else training.get("datasets")
     card_data = ModelCardData(library_name="hf-specdec", base_model=target_id if is_hub_id(target_id) else None,
                               license=license, datasets=datasets or None, tags=tags, pipeline_tag="text-generation")
     return ModelCard.from_template(
@@ -97,8 +100,29 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
         # Medusa heads propose at most one token per head
         num_draft_tokens=measured.get("num_draft_tokens") or getattr(config, "num_heads", None) or 5,
         training=training,
+        benchmarks=getattr(config, "benchmarks", None) or [],
         size_mb=round(sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**20, 2),
     )
 
 
-__all__ = ["render_model_card", "drafter_kind", "hardware_description", "is_hub_id", "DEFAULT_TARGET_HUB_ID"]
+def shipped_card(name: str) -> str:
+    """The model card of the drafter shipped as `name` (`hf_specdec/shipped_drafters/`), rendered from its saved config
+    alone: its measurements, its benchmark rows, its training command."""
+    from transformers import AutoConfig
+
+    folder = shipped_folder(name)
+    return str(render_model_card(folder, AutoConfig.from_pretrained(folder), repo_id=name)) + "\n"
+
+
+def write_shipped_cards() -> list[Path]:
+    """Render every shipped drafter's card into its folder's README.md (in a checkout, `model_cards/<name>.md`), after
+    its measurements change."""
+    written = []
+    for name in shipped_drafter_names():
+        card = shipped_folder(name) / "README.md"
+        card.write_text(shipped_card(name))
+        written.append(card.resolve())
+    return written
+
+
+__all__ = ["render_model_card", "shipped_card", "write_shipped_cards", "drafter_kind", "hardware_description", "is_hub_id", "DEFAULT_TARGET_HUB_ID"]

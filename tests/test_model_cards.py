@@ -1,0 +1,51 @@
+"""`model_cards/`: the card template every drafter's card is rendered from, and one card per shipped drafter, kept
+true by rendering them again from the shipped drafters' saved measurements."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hf_specdec.hub.card import TEMPLATE, shipped_card
+from hf_specdec.shipped import SHIPPED_DIR, shipped_drafter_names
+
+REPO = Path(__file__).resolve().parents[1]
+CARDS = REPO / "model_cards"
+
+
+def test_the_package_renders_from_the_template_in_model_cards():
+    assert TEMPLATE.resolve() == (CARDS / "template.md").resolve()
+
+
+@pytest.mark.parametrize("name", shipped_drafter_names())
+def test_each_shipped_drafters_card_is_its_saved_measurements_rendered(name):
+    card = (CARDS / f"{name}.md").read_text()
+    assert card == shipped_card(name), (
+        f"model_cards/{name}.md is out of date with the shipped drafter's config.json: run "
+        "`python -c 'from hf_specdec.hub.card import write_shipped_cards; write_shipped_cards()'`")
+    assert (SHIPPED_DIR / name / "README.md").read_text() == card  # the card inside the drafter's folder
+    assert f"# {name}: a speculative-decoding drafter" in card and f'from_pretrained("{name}", target=target)' in card
+    assert "## Limitations" in card and "accelerate launch training/distill.py" in card or "training/distill.py" in card
+    assert "x |" in card, "the card shows a measured speed-up (config.json's `benchmarks`)"
+
+
+def test_a_wheel_built_from_the_checkout_holds_the_template_and_renders_a_card(tmp_path):
+    """The template is model_cards/'s file, linked into the package: a wheel must carry a copy of it."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "wheel"), str(REPO)], check=True, capture_output=True, timeout=300)
+    wheel = next((tmp_path / "wheel").glob("hf_specdec-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("hf_specdec/hub/templates/drafter.md").decode() == (CARDS / "template.md").read_text()
+        archive.extractall(tmp_path / "installed")
+    script = ("import sys; from hf_specdec.hub.card import shipped_card, TEMPLATE; "
+              "assert str(TEMPLATE).startswith(sys.argv[1]); "
+              "print(shipped_card('medusa'))")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "installed")], cwd=tmp_path,
+                            env={"PYTHONPATH": str(tmp_path / "installed"), "PATH": "/usr/bin:/bin",
+                                 "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == (CARDS / "medusa.md").read_text().strip()
