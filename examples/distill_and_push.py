@@ -4,7 +4,7 @@
     python examples/distill_and_push.py --max-steps 400 --repo-id you/smollm2-drafter
 
 Small settings (what the test runs): --target <tiny folder> --data <jsonl> --max-steps 4 ... The training command is
-`python -m training.distill` (or `accelerate launch -m training.distill` on several processes), run from the checkout.
+`accelerate launch training/distill.py ...` (`--cpu --num_processes 2` for two CPU processes), run from the checkout.
 """
 
 import argparse
@@ -24,8 +24,8 @@ args, training_args = parser.parse_known_args()  # anything else goes to the tra
 
 # 1. Distil: the trainer prepares teacher data from the target, trains, evaluates through the real decoding loop,
 #    and writes a drafter folder with its model card and custom_generate/.
-command = [sys.executable, "-m", "training.distill", "--target", args.target, "--output-dir", args.output_dir,
-           *training_args]
+command = [sys.executable, "-m", "accelerate.commands.launch", "training/distill.py", "--target", args.target,
+           "--output-dir", args.output_dir, *training_args]  # `accelerate launch training/distill.py ...`
 print("$", " ".join(command[1:]), flush=True)
 subprocess.run(command, cwd=REPO, check=True)
 

@@ -89,7 +89,7 @@ def decode_like_plain(target, drafter, num_draft_tokens: int, prompts: int = 3, 
         plain = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
         spec = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, assistant=drafter,
                                custom_generate=hf_specdec.speculative_generate, num_draft_tokens=num_draft_tokens,
-                               speculation_stats=stats)
+                               speculation_stats=stats, draft_length="constant")
         assert torch.equal(plain, spec)
     return stats
 
@@ -261,10 +261,11 @@ def test_saved_folder_round_trips_and_decodes_exactly(world, trained):
     assert config.target_name_or_path == str(world["target"]) and config.target_quantization == "none"
     assert config.num_draft_tokens_eval == 5
     assert_evaluated_speculatively(config.measured)
-    assert config.training["loss"] == "fkl" and "-m training.distill" in config.training["command"]
+    assert config.training["loss"] == "fkl" and "accelerate launch training/distill.py" in config.training["command"]
     assert (out / "tokenizer.json").exists()
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: hf-specdec" in card and "speculative-decoding" in card
+    assert "# someone/tiny-drafter: a speculative-decoding drafter" in card and ".tmp" not in card  # its Hub id
     assert "%.3f" % config.measured["mean_accepted_tokens"] in card and config.training["command"] in card
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
     assert decode_like_plain(target, drafter, 5, prompts=4, max_new_tokens=20).accepted_tokens > 0
@@ -330,13 +331,44 @@ def test_resume_after_sigkill_ends_like_an_uninterrupted_run(world, tmp_path):
     assert b["best"]["mean_accepted_tokens"] == pytest.approx(a["best"]["mean_accepted_tokens"])
 
 
+def test_the_literal_accelerate_launch_command_trains_evaluates_and_writes_a_loadable_drafter(world, tmp_path):
+    """`accelerate launch training/distill.py ...`, typed as in the README (a file path, from the checkout)."""
+    out = tmp_path / "runs" / "literal"
+    result = subprocess.run(["accelerate", "launch", "training/distill.py", *cli(world, out, max_steps=3, eval_every=3,
+                                                                                save_every=0)],
+                            env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    drafter = hf_specdec.AutoDrafter.from_pretrained(out)
+    assert isinstance(drafter, SpecDrafterForCausalLM) and (out / RUN_COMPLETE).is_file()
+    assert_evaluated_speculatively(drafter.config.measured)
+    assert drafter.config.training["command"].startswith("accelerate launch training/distill.py --target ")
+    card = (out / "README.md").read_text()
+    assert f"# {out}: a speculative-decoding drafter" in card and f'from_pretrained("{out}"' in card
+    assert ".final.tmp" not in card  # not the staging folder it was written in
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    decode_like_plain(target, drafter, 3, prompts=2, max_new_tokens=12)
+
+
+@pytest.mark.parametrize("command", [["python", "training/distill.py"], ["accelerate", "launch", "training/distill.py"],
+                                     ["python", "-m", "training.distill"]])
+def test_help_works_in_every_form(command, tmp_path):
+    """From the checkout and from elsewhere (the file form finds its own package)."""
+    for cwd in (REPO, tmp_path):
+        argv = [a if a != "training/distill.py" or cwd == REPO else str(REPO / a) for a in command]
+        if cwd != REPO and "-m" in argv:
+            continue  # the module form needs the checkout (or an install that puts it on the path)
+        result = subprocess.run([sys.executable if a == "python" else a for a in argv] + ["--help"], cwd=cwd,
+                                env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "--max-steps" in result.stdout and "--target" in result.stdout, result.stderr
+
+
 def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "two"
     command = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "training.distill",
+               "--dynamo_backend", "no", "--main_process_port", str(port), "training/distill.py",
                *cli(world, out, batch_size=4, max_steps=4, eval_every=2, save_every=2, on_policy_ratio=0.5,
                     data_cache_dir=tmp_path / "cache")]
     result = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ class Args:
     # target, as deployed
     target: str = field(default="default", metadata={"help": "'default' (embedded SmolLM2-135M-Instruct), a Hub id or a folder"})
     dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "the target's dtype (teacher data, features, eval) and the drafter's compute dtype (accelerate mixed precision; master weights stay float32); bfloat16 is for GPUs"})
-    teacher_dtype: Literal["", "float32", "bfloat16"] = field(default="", metadata={"help": "the dtype the teacher data is computed in (scored log-probs, self-generated answers, hidden states); default: --dtype. bfloat16 scores about twice as fast on CPUs with AVX512-BF16 or AMX; the drafter is still trained and evaluated against the target in --dtype"})
+    teacher_dtype: Literal["same", "float32", "bfloat16"] = field(default="same", metadata={"help": "the dtype the teacher data is computed in (scored log-probs, self-generated answers, hidden states); 'same': --dtype. bfloat16 scores about twice as fast on CPUs with AVX512-BF16 or AMX; the drafter is still trained and evaluated against the target in --dtype"})
     tf32: bool = field(default=False, metadata={"help": "allow TF32 matmuls on Ampere+ GPUs (fp32 runs only)"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
@@ -49,7 +49,7 @@ class Args:
     num_generate: int = field(default=512, metadata={"help": "prompts the target answers (greedy self-generation)"})
     num_score: int = field(default=2048, metadata={"help": "existing conversations the target scores (teacher-forced)"})
     heldout_prompts: int = field(default=16, metadata={"help": "held-out training prompts for evaluation (never the dev prompts)"})
-    exclude_ids: str = field(default="auto", metadata={"help": "JSONL whose ids/prompts are excluded; 'auto': shared/data/dev_prompts.jsonl"})
+    exclude_ids: str = field(default="auto", metadata={"help": "JSONL whose ids/prompts are excluded; 'auto': hf_specdec's dev prompts (hf_specdec/data/dev_prompts.jsonl, every benchmark's set); 'none': nothing"})
     max_prompt_tokens: int = 256
     max_new_tokens: int = 128
     max_seq_len: int = 512
@@ -97,7 +97,7 @@ class ArgumentParser(HfArgumentParser):
     """Its errors in the one-line form of every other error: `distill: error: ...`, status 2."""
 
     def error(self, message):
-        self.exit(2, f"distill: error: {message} (see `python -m training.distill --help`)\n")
+        self.exit(2, f"distill: error: {message} (see `python training/distill.py --help`)\n")
 
 
 POSITIVE = ("ttt_steps", "prepare_part_size", "medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",

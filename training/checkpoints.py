@@ -15,7 +15,7 @@ from huggingface_hub import HfApi
 
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.hub.bundle import is_bundle
-from hf_specdec.hub.push import RUN_COMPLETE
+from hf_specdec.hub.push import RUN_COMPLETE, PushError
 
 from .arguments import Args
 from .data import SHAREGPT_HUB_ID, write_atomically
@@ -135,7 +135,7 @@ def publish_drafter(model, tokenizer, output_dir: Path, args: Args, summary: dic
         shutil.rmtree(staging)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    write_model_card(staging, model.config, args, summary)
+    write_model_card(staging, model.config, args, name=args.hub_model_id or args.output_dir)
     for item in sorted(staging.iterdir()):
         place = output_dir / item.name
         if item.is_dir():
@@ -150,11 +150,11 @@ def publish_drafter(model, tokenizer, output_dir: Path, args: Args, summary: dic
 
 def training_command(accelerator, argv: list[str]) -> str:
     argv = [a for a in argv if a not in ("--resume", "--resume=True", "--resume=true")]
-    script = "-m training.distill"
+    script = "training/distill.py"
     if accelerator.num_processes > 1:
         cpu = "--cpu " if accelerator.device.type == "cpu" else ""
         return f"accelerate launch {cpu}--num_processes {accelerator.num_processes} {script} " + shlex.join(argv)
-    return f"python {script} " + shlex.join(argv)
+    return f"accelerate launch {script} " + shlex.join(argv)
 
 
 def data_description(args: Args) -> str:
@@ -163,17 +163,25 @@ def data_description(args: Args) -> str:
     return args.data
 
 
-def write_model_card(folder: Path, config, args: Args, summary: dict) -> None:
-    """README.md from the model-card template (hf_specdec.hub.render_model_card); the eval ran on this machine."""
-    is_dataset_id = args.data.count("/") == 1 and not Path(args.data).exists()
-    card = render_model_card(
-        folder, config, repo_id=args.hub_model_id or folder.name, target=target_id(args), license=args.license,
-        datasets=[SHAREGPT_HUB_ID] if args.data == "sharegpt" else ([args.data] if is_dataset_id else None),
-        hardware=hardware_description(),
-    )
+def write_model_card(folder: Path, config, args: Args, name: str) -> None:
+    """README.md from the model-card template (hf_specdec.hub.render_model_card), naming the drafter `name` (its Hub id,
+    or its output folder's name; not the staging folder it is written in); the eval ran on this machine."""
+    card = render_model_card(folder, config, repo_id=name, target=target_id(args), license=args.license,
+                             hardware=hardware_description())
     card.save(str(folder / "README.md"))
+
+
+def dataset_ids(args: Args) -> list[str] | None:
+    """The training data's Hub ids, for the model card."""
+    if args.data == "sharegpt":
+        return [SHAREGPT_HUB_ID]
+    return [args.data] if args.data.count("/") == 1 and not Path(args.data).exists() else None
 
 
 def push_to_hub(output_dir: Path, repo_id: str, private: bool) -> str:
     """The output folder (drafter, custom_generate/, tokenizer, card, training log; never checkpoints) in one commit."""
-    return push_folder(output_dir, repo_id, private=private, api=HfApi())
+    try:
+        return push_folder(output_dir, repo_id, private=private, api=HfApi())
+    except PushError as error:
+        raise PushError(f"{error} The trained drafter is in {output_dir}: push it later with `hf-specdec push "
+                        f"{output_dir} --repo-id {repo_id}`.") from error.__cause__

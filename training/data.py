@@ -2,8 +2,9 @@
 top-K log-probs (and, for feature drafters, the hidden states they read, recorded by the scoring forward itself),
 prepared once and cached on disk; and the batches the training loop reads.
 
-Prompts whose id appears in shared/data/dev_prompts.jsonl (or whose text equals one of those prompts) never enter
-the data: acceptance measured on the dev prompts stays honest.
+Prompts whose id appears in hf_specdec's dev prompt set (`hf_specdec/data/dev_prompts.jsonl`, the prompts every
+benchmark runs), or whose text equals one of those prompts, never enter the data: acceptance measured on them stays
+honest.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from transformers import DynamicCache
 
 from hf_specdec.default_model import cache_dir
 from hf_specdec.errors import InputError, json_lines, one_line
+from hf_specdec.prompts import DEV_PROMPTS
 
 from .adapters import unwrap_drafter
 from .arguments import Args
 from .target import (cut_after_eos, eos_ids, greedy_generation_config, target_folder, target_id, teacher_dtype,
                      topk_logprobs)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"
 DATA_FORMAT_VERSION = 1
 
@@ -44,18 +45,14 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def default_exclusion_file() -> Path | None:
-    for path in (REPO_ROOT / "shared/data/dev_prompts.jsonl", REPO_ROOT.parent / "shared/data/dev_prompts.jsonl"):
-        if path.exists():
-            return path
-    return None
+def exclusion_file(spec: str) -> Path | None:
+    """The file of `--exclude-ids`: 'auto' is hf_specdec's dev prompt set; 'none' excludes nothing."""
+    return DEV_PROMPTS if spec == "auto" else (Path(spec) if spec not in ("", "none") else None)
 
 
 def load_exclusions(spec: str) -> tuple[set[str], set[str]]:
     """Ids (with and without the ShareGPT `_N` split suffix) and prompt texts that must stay out of the data."""
-    path = default_exclusion_file() if spec == "auto" else (Path(spec) if spec not in ("", "none") else None)
-    if spec == "auto" and path is None:
-        print("[distill] WARNING: shared/data/dev_prompts.jsonl not found; no prompts are excluded", flush=True)
+    path = exclusion_file(spec)
     ids, texts = set(), set()
     if path is not None:
         for line in path.read_text().splitlines():
@@ -439,7 +436,7 @@ def data_cache_key(args: Args, parts: bool = False) -> str:
     `parts`, the key of the folder of its parts, which omits --num-score: the texts to score are a prefix-stable list,
     so a larger set reuses the parts a smaller one made (a data curve grows across sittings)."""
     source = sharegpt_path() if args.data == "sharegpt" else Path(args.data)
-    exclusions = default_exclusion_file() if args.exclude_ids == "auto" else Path(args.exclude_ids or "none")
+    exclusions = exclusion_file(args.exclude_ids)
     key = {
         "version": DATA_FORMAT_VERSION, "target": target_id(args), "target_files": file_fingerprint(Path(target_folder(args))),
         "quantization": args.target_quantization, **({"dtype": teacher_dtype(args)} if teacher_dtype(args) != "float32" else {}),

@@ -1,10 +1,11 @@
 """Distil a drafter to a target AS DEPLOYED (same weights, same quantization), for exact speculative decoding.
 
-    accelerate launch -m training.distill --target default --target-quantization 8bit --max-steps 2000 \
+    accelerate launch training/distill.py --target default --target-quantization 8bit --max-steps 2000 \
         --output-dir runs/smollm2-drafter
-    python -m training.distill ...                                  # the same, one process
-    accelerate launch --cpu --num_processes 2 -m training.distill ...  # two CPU processes (gloo; accelerate itself
+    python training/distill.py ...                                   # the same, one process
+    accelerate launch --cpu --num_processes 2 training/distill.py ...  # two CPU processes (gloo; accelerate itself
                                        # starts one here: see launch.py)
+    python -m training.distill ...                                   # the module form works too
 
 This file is the run, top to bottom: check the arguments and data, load the target, prepare (or read) the teacher
 data, build the drafter, train, evaluate through the real decoding loop, checkpoint, publish, push. Beside it:
@@ -20,10 +21,6 @@ data, build the drafter, train, evaluate through the real decoding loop, checkpo
 
 from __future__ import annotations
 
-if not __package__:  # run as a file: its sibling modules are imported as training.*
-    raise SystemExit("distill: run it as a module from the checkout: python -m training.distill ... "
-                     "(or accelerate launch -m training.distill ...)")
-
 import copy
 import json
 import logging
@@ -37,6 +34,10 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
+if not __package__:  # run as a file (`accelerate launch training/distill.py`): its folder is the `training` package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "training"  # PEP 366: the relative imports below resolve as they do under `-m training.distill`
+
 import torch
 from tqdm.auto import tqdm
 
@@ -47,7 +48,7 @@ from hf_specdec.hub.push import RUN_COMPLETE
 
 from .adapters import Adapter, adapter_for, unwrap_drafter
 from .arguments import Args, check_output_dir, parse_args, run_args_path
-from .checkpoints import (TrainState, best_folder, data_description, latest_checkpoint, load_checkpoint, publish_drafter,
+from .checkpoints import (TrainState, best_folder, data_description, dataset_ids, latest_checkpoint, load_checkpoint, publish_drafter,
                           push_to_hub, save_checkpoint, save_drafter, training_command)
 from .data import (TeacherData, attach_target_features, check_data, collate, epoch_batches, on_policy_records, prepare_data,
                    write_atomically)
@@ -209,7 +210,7 @@ def main(argv=None) -> dict:
          "rows_skipped": train.meta.get("skipped")})
 
     def training_info(step: int) -> dict:
-        return {"data": data_description(args), "teacher_data": args.teacher_data, "train_sequences": len(train),
+        return {"data": data_description(args), "datasets": dataset_ids(args), "teacher_data": args.teacher_data, "train_sequences": len(train),
                 "train_target_tokens": int(train.t["tgt_off"][-1]), "top_k": args.top_k, "loss": args.loss,
                 "on_policy_ratio": args.on_policy_ratio, "steps": step, "batch_size": args.batch_size * world,
                 "learning_rate": args.learning_rate, "lora": args.lora, "seed": args.seed,

@@ -1,4 +1,4 @@
-"""`accelerate launch --cpu --num_processes N -m training.distill`: start the N gloo processes asked for."""
+"""`accelerate launch --cpu --num_processes N training/distill.py`: start the N gloo processes asked for."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def relaunch_for_cpu_processes() -> None:
     except Exception:  # not Linux, or not started by `accelerate launch`
         return
     if n > 1:
+        # sys.argv[0] is training/distill.py's path, whether it was started as a file or with -m
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
-                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), "-m", "training.distill", *sys.argv[1:]]
+                   env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), sys.argv[0], *sys.argv[1:]]
         print(f"[distill] accelerate started one process for --cpu --num_processes {n}; relaunching {n} gloo processes", flush=True)
         os.execv(sys.executable, command)

@@ -26,7 +26,7 @@ def load_target(args: Args, device: torch.device):
 
 
 def teacher_dtype(args: Args) -> str:
-    return args.teacher_dtype or args.dtype
+    return args.dtype if args.teacher_dtype in ("", "same") else args.teacher_dtype
 
 
 def load_teacher(args: Args, target, device: torch.device):

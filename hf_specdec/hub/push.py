@@ -16,9 +16,15 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .bundle import CUSTOM_GENERATE_DIR
-from ..errors import InputError
+from ..errors import InputError, one_line
 
 COMMIT_MESSAGE = "Upload hf_specdec drafter"
+
+
+class PushError(InputError):
+    """An upload that failed (network, token, Hub): one line on the command line, as the user's mistakes are."""
+
+
 #: written last by training.distill: a run folder without it is unfinished
 RUN_COMPLETE = "training_summary.json"
 RUN_LOG = "training_log.jsonl"
@@ -73,10 +79,15 @@ def push_folder(folder, repo_id: str, *, private: bool = False, api: HfApi | Non
     api = api or HfApi()
     if api.token is None and get_token() is None:
         raise InputError("No Hugging Face token: run `hf auth login` (or set HF_TOKEN) and push again.")
-    url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
-                      allow_patterns=files_to_upload(folder), delete_patterns=["*"],  # stale files of earlier pushes
-                      commit_message=commit_message)
+    try:
+        url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
+                          allow_patterns=files_to_upload(folder), delete_patterns=["*"],  # stale files of earlier pushes
+                          commit_message=commit_message)
+    except Exception as error:  # the network, the token, the Hub: whatever failed, the push is one commit or none
+        raise PushError(f"Could not push {folder} to {repo_id} ({type(error).__name__}: {one_line(error)[:300]}). "
+                        "Check the network and the token (`hf auth login` or HF_TOKEN), then push again: a push is "
+                        "one commit, so nothing was half uploaded.") from error
     return str(url)
 
 
