@@ -133,6 +133,7 @@ def main(argv=None) -> None:
     parser.add_argument("--first-call-rounds", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="remove the CPU matmul path's saved choices each time")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", default="first,calls", help="first (the first call of a process), calls (20 calls)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--first-call", default=None, help=argparse.SUPPRESS)  # (the child process of part 1)
     args = parser.parse_args(argv)
@@ -141,8 +142,10 @@ def main(argv=None) -> None:
         return
     methods = args.assistants.split(",")
     report = {"settings": {**vars(args), "checkout": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}}
-    report["first_call"] = first_calls(["plain", methods[0]], args.first_call_rounds, args.threads, args.cold)
-    report["calls"] = many_calls(methods, args.threads)
+    parts = args.parts.split(",")
+    report["first_call"] = first_calls(["plain", methods[0]], args.first_call_rounds, args.threads, args.cold) \
+        if "first" in parts else {}
+    report["calls"] = many_calls(methods, args.threads) if "calls" in parts else {}
     print(f"first call after loading (median of {args.first_call_rounds} fresh processes each, "
           f"{'no saved CPU matmul choices' if args.cold else 'choices saved by an earlier process'}):")
     for name, row in report["first_call"].items():

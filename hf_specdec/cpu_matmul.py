@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 MAX_ROWS = 32  # above this the ordinary GEMM path is the one to take
+PROBE_ROWS = 4096  # a wider layer's paths are timed on its first PROBE_ROWS outputs
 PATHS = ("linear", "weight_first", "onednn")
 
 _linear_forward = nn.Linear.forward
@@ -77,9 +78,10 @@ def prior_path(rows: int) -> str:
 
 
 def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
-    """Time the paths on this layer at this row count, interleaved over three rounds (each sample repeats the product
-    for about half a millisecond, so timer noise does not decide), and keep the median's fastest when it beats the
-    prior path by at least 10% (a close call is not worth a second copy of the weights, and noise should not flip it)."""
+    """Time the paths on this layer at this row count, interleaved over three rounds (two for a product of over a
+    millisecond; each sample repeats the product for about half a millisecond, so timer noise does not decide), and
+    keep the median's fastest when it beats the prior path by at least 10% (a close call is not worth a second copy of
+    the weights, and noise should not flip it)."""
     key = (layer.out_features, layer.in_features, x2d.shape[0], str(x2d.dtype), torch.get_num_threads())
     choice = CHOICES.get(key)
     if choice is not None:
@@ -87,8 +89,19 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
     with _LOCK:  # one thread times at a time (two at once would time each other)
         if key in CHOICES:
             return CHOICES[key]
+        if layer.out_features > PROBE_ROWS and 2 <= x2d.shape[0] <= 8:
+            # a wide layer (an LM head) at a verification's row count is timed on a slice of its outputs, at a tenth
+            # of the cost: there F.linear's slowness is its kernel's, which a slice shows too (at one row the paths
+            # differ in how they stream the weights from memory, which only the whole layer shows)
+            probe = nn.Linear(layer.in_features, PROBE_ROWS, bias=layer.bias is not None)
+            probe.weight = nn.Parameter(layer.weight[:PROBE_ROWS], requires_grad=False)
+            probe.bias = None if layer.bias is None else nn.Parameter(layer.bias[:PROBE_ROWS], requires_grad=False)
+            layer = probe
         paths = []
-        for path in PATHS if x2d.dtype == torch.float32 else PATHS[:2]:  # oneDNN packing: float32 here
+        # oneDNN packing (float32 here) is tried where it has won (one row, or more than a verification's 8): its
+        # trial packs a copy of the weights, which a verification forward's rows never pay back
+        onednn = x2d.dtype == torch.float32 and not 2 <= x2d.shape[0] <= 8
+        for path in PATHS if onednn else PATHS[:2]:
             try:
                 _run(path, layer, x2d)  # warm-up (and the packing, once)
             except RuntimeError:
@@ -96,9 +109,10 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
             paths.append(path)
         start = time.perf_counter()
         _run("linear", layer, x2d)
-        calls = max(1, min(100, int(5e-4 / max(time.perf_counter() - start, 1e-6))))
+        once = time.perf_counter() - start
+        calls = max(1, min(100, int(5e-4 / max(once, 1e-6))))
         samples = {path: [] for path in paths}
-        for _ in range(3):
+        for _ in range(2 if once > 1e-3 else 3):
             for path in paths:
                 start = time.perf_counter()
                 for _ in range(calls):
@@ -108,8 +122,6 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
         prior = prior_path(x2d.shape[0]) if prior_path(x2d.shape[0]) in median else "linear"
         best = min(median, key=median.get)
         CHOICES[key] = best if median[best] < 0.9 * median[prior] else prior
-        if CHOICES[key] != "onednn":
-            _PACKED.pop(layer, None)  # the trial's packed copy is not kept
         _STORE["dirty"] = True
         return CHOICES[key]
 
@@ -146,8 +158,11 @@ def routed(model, enabled: bool = True):
         with _LOCK:
             _ROUTED[model] -= 1
             if _ROUTED[model] == 0:
+                onednn = {key[:2] for key, path in CHOICES.items() if path == "onednn"}
                 for layer in _layers(model):
                     layer.__dict__.pop("forward", None)
+                    if (layer.out_features, layer.in_features) not in onednn:
+                        _PACKED.pop(layer, None)  # a trial's packed copy, for a shape no row count chose it for
                 del _ROUTED[model]
             _save_choices()
 
