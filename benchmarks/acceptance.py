@@ -3,7 +3,7 @@
 wall-clock speed-ups come from `hf-specdec bench` on a quiet machine.
 
     python benchmarks/acceptance.py --target-quantization 4bit --drafters runs/eagle-4bit-fkl runs/eagle-4bit-ce \
-        --prompts ../shared/data/dev_prompts.jsonl --num-draft-tokens 5 --json benchmarks/results/acceptance.json
+        --prompts dev --num-draft-tokens 5 --json benchmarks/results/acceptance.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target-quantization", choices=["none", "8bit", "4bit"], default="none")
     p.add_argument("--drafters", nargs="+", required=True, help="folders, shipped names, ngram, self, layers:N")
-    p.add_argument("--prompts", required=True)
+    p.add_argument("--prompts", default="dev", help="a JSON-lines file, or dev (hf_specdec's dev prompts)")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=5)

@@ -5,7 +5,7 @@
 # interval over prompts. 60 prompts where adaptive and the best constant are close, 30 for self-speculation (not
 # close). Run on a quiet machine (about an hour).
 set -x
-P=../shared/data/dev_prompts.jsonl
+P=dev
 R=benchmarks/results
 mkdir -p $R
 for spec in "distilled 1,2,3 60" "medusa:chain 1,2,3 60" "ngram 2,4,8 60" "self 1,2 30"; do

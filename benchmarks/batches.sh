@@ -3,7 +3,7 @@
 # "Batches"): 32 dev prompts in left-padded batches, 128 new tokens, greedy, k = 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-P=${PROMPTS:-../shared/data/dev_prompts.jsonl}
+P=${PROMPTS:-dev}
 R=${OUT:-benchmarks/results}
 mkdir -p "$R"
 for B in 1 4 8; do

@@ -6,7 +6,7 @@
 #                                                   # n-gram, n-gram, the default, transformers' prompt lookup)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-P=${PROMPTS:-../shared/data/dev_prompts.jsonl}
+P=${PROMPTS:-dev}
 R=${OUT:-benchmarks/results}
 mkdir -p "$R"
 declare -A RUNS=(

@@ -9,11 +9,11 @@ set -x
 COMMON="--target default --heldout-prompts 16 --max-new-tokens 128 --gen-batch-size 64 --drafter-layers 2 \
   --draft-vocab-size 8192 --max-steps 400 --batch-size 16 --eval-every 200 --save-every 100 --eval-max-new-tokens 64 \
   --learning-rate 1e-3 --warmup-steps 30 --threads 1 --log-every 10"
-python -m training.distill $COMMON --target-quantization none --teacher-data generate --num-generate 1024 \
+python training/distill.py $COMMON --target-quantization none --teacher-data generate --num-generate 1024 \
   --output-dir runs/smollm2-fp32teacher-selfgen > runs/smollm2-fp32teacher-selfgen.log 2>&1 &
-python -m training.distill $COMMON --target-quantization 4bit --teacher-data score --num-score 1024 --loss ce \
+python training/distill.py $COMMON --target-quantization 4bit --teacher-data score --num-score 1024 --loss ce \
   --output-dir runs/smollm2-4bit-ce-text > runs/smollm2-4bit-ce-text.log 2>&1 &
 wait
 python benchmarks/acceptance.py --target-quantization 4bit --drafters runs/smollm2-fp32teacher-selfgen \
-  runs/smollm2-4bit-ce-text distilled --prompts ../shared/data/dev_prompts.jsonl --num-prompts 30 --max-new-tokens 128 \
+  runs/smollm2-4bit-ce-text distilled --prompts dev --num-prompts 30 --max-new-tokens 128 \
   --num-draft-tokens 5 --threads 2 --json benchmarks/results/distill_rows_4bit.json

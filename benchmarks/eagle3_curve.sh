@@ -19,14 +19,14 @@ DATA="--target default --teacher-data score --num-generate 0 --num-score $NUM_SC
 RECIPE="--drafter eagle3 --ttt-steps 3 --batch-size 8 --max-steps ${STEPS:-100} --learning-rate 1e-3 --warmup-steps 10 \
   --eval-every ${STEPS:-100} --eval-prompts 8 --eval-max-new-tokens 64 --save-every 25 --log-every 5"
 mkdir -p "$RUNS"
-python -m training.distill $DATA --drafter eagle3 --prepare-only --output-dir "$RUNS/prep-eagle3-$NUM_SCORE${TEACHER:+-$TEACHER}" --resume
+python training/distill.py $DATA --drafter eagle3 --prepare-only --output-dir "$RUNS/prep-eagle3-$NUM_SCORE${TEACHER:+-$TEACHER}" --resume
 drafters=(${BASELINES:-})   # e.g. BASELINES=ngram: a model-free row measured the same way
 for n in $SIZES; do
   out="$RUNS/eagle3-$TAG-$n"
   if [ ! -f "$out/training_summary.json" ]; then
-    python -m training.distill $DATA $RECIPE $EXTRA --max-train-tokens "$n" --output-dir "$out" --resume
+    python training/distill.py $DATA $RECIPE $EXTRA --max-train-tokens "$n" --output-dir "$out" --resume
   fi
   drafters+=("$out")
 done
-python benchmarks/acceptance.py --drafters "${drafters[@]}" --prompts ../shared/data/dev_prompts.jsonl --num-prompts 30 \
+python benchmarks/acceptance.py --drafters "${drafters[@]}" --prompts dev --num-prompts 30 \
   --max-new-tokens 128 --num-draft-tokens 5 --threads 2 --json "benchmarks/results/eagle3_curve_$TAG.json"

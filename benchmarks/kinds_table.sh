@@ -24,19 +24,19 @@ for spec in ${SPECS:-token-only:100 eagle1:100 medusa:100 token-only:300 medusa:
   out="$RUNS/kinds-$name-$TOKENS"
   if [ "$steps" != 100 ]; then out+="-${steps}steps"; fi
   if [ ! -f "$out/training_summary.json" ]; then
-    python -m training.distill $DATA $RECIPE ${KIND[$name]} --max-steps "$steps" --eval-every "$steps" \
+    python training/distill.py $DATA $RECIPE ${KIND[$name]} --max-steps "$steps" --eval-every "$steps" \
       --output-dir "$out" --resume
   fi
   # Medusa's five heads drafting their top-1 chain: five tokens per forward, like the others at k = 5
   if [ "$name" = medusa ]; then drafters+=("$out:chain"); else drafters+=("$out"); fi
 done
-python benchmarks/acceptance.py --drafters "${drafters[@]}" ${ROWS:-} --prompts ../shared/data/dev_prompts.jsonl \
+python benchmarks/acceptance.py --drafters "${drafters[@]}" ${ROWS:-} --prompts dev \
   --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 --json benchmarks/results/kinds_table.json
 out="$RUNS/kinds-token-only-4bit-teacher-$TOKENS"
 if [ ! -f "$out/training_summary.json" ]; then
-  python -m training.distill $DATA $RECIPE ${KIND[token-only]} --max-steps 100 --eval-every 100 --target-quantization 4bit \
+  python training/distill.py $DATA $RECIPE ${KIND[token-only]} --max-steps 100 --eval-every 100 --target-quantization 4bit \
     --output-dir "$out" --resume
 fi
 python benchmarks/acceptance.py --target-quantization 4bit --drafters ngram "$RUNS/kinds-token-only-$TOKENS" "$out" \
-  --prompts ../shared/data/dev_prompts.jsonl --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 \
+  --prompts dev --num-prompts 30 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 \
   --json benchmarks/results/teacher_quantization.json

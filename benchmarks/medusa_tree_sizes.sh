@@ -4,5 +4,5 @@
 # default target). Run on a quiet machine.
 set -x
 hf-specdec bench --target default --assistant medusa:chain,medusa,medusa:63 \
-    --prompts ../shared/data/dev_prompts.jsonl --num-prompts 12 --max-new-tokens 128 --num-draft-tokens 4 \
+    --prompts dev --num-prompts 12 --max-new-tokens 128 --num-draft-tokens 4 \
     --json benchmarks/results/medusa_trees.json --plot benchmarks/results/medusa_trees.png

@@ -56,10 +56,19 @@ def _onednn(layer: nn.Linear):
     if entry is None or entry[0] != version:
         from torch.utils import mkldnn
 
-        copy = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
-        copy.weight, copy.bias = layer.weight, layer.bias
+        copy = _linear_over(layer.weight, layer.bias)
         entry = _PACKED[layer] = (version, mkldnn.to_mkldnn(copy))
     return entry[1]
+
+
+def _linear_over(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An `nn.Linear` holding these tensors, made without initialising weights of its own: initialising would draw
+    from the global random generator, and a caller's seeded sampling must not depend on what hf_specdec measured."""
+    layer = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None,
+                                     device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    layer.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    return layer
 
 
 def _run(path: str, layer: nn.Linear, x2d: torch.Tensor) -> torch.Tensor:
@@ -93,10 +102,7 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
             # a wide layer (an LM head) at a verification's row count is timed on a slice of its outputs, at a tenth
             # of the cost: there F.linear's slowness is its kernel's, which a slice shows too (at one row the paths
             # differ in how they stream the weights from memory, which only the whole layer shows)
-            probe = nn.Linear(layer.in_features, PROBE_ROWS, bias=layer.bias is not None)
-            probe.weight = nn.Parameter(layer.weight[:PROBE_ROWS], requires_grad=False)
-            probe.bias = None if layer.bias is None else nn.Parameter(layer.bias[:PROBE_ROWS], requires_grad=False)
-            layer = probe
+            layer = _linear_over(layer.weight[:PROBE_ROWS], None if layer.bias is None else layer.bias[:PROBE_ROWS])
         paths = []
         # oneDNN packing (float32 here) is tried where it has won (one row, or more than a verification's 8): its
         # trial packs a copy of the weights, which a verification forward's rows never pay back

@@ -78,3 +78,17 @@ def test_the_weight_first_path_hands_back_a_contiguous_result():
     layer, x = torch.nn.Linear(16, 8), torch.randn(3, 16)
     out = cpu_matmul._run("weight_first", layer, x)
     assert out.is_contiguous() and torch.allclose(out, layer(x), atol=1e-6)
+
+
+def test_a_greedy_call_leaves_the_global_random_generator_alone(tmp_path, monkeypatch):
+    """Measuring the CPU paths (their trial copies of a layer) must not draw from torch's global generator: a caller's
+    seeded sampling after a speculative call would otherwise depend on what this machine had measured before."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_matmul, "CHOICES", {})  # nothing measured yet: every path is timed in this call
+    monkeypatch.setattr(cpu_matmul, "_STORE", {"loaded": None, "dirty": False})
+    target = tiny_llama(vocab=5000)  # an LM head wider than PROBE_ROWS: its verification rows are timed on a slice
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    target.generate(torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(0)), max_new_tokens=12,
+                    do_sample=False, custom_generate=speculative_generate, assistant="ngram", draft_length="adaptive")
+    assert cpu_matmul.CHOICES and torch.equal(torch.get_rng_state(), before)

@@ -151,7 +151,7 @@ def measure_shape(shape: str, device, dtype, k: int, new_tokens: int, repeats: i
                                           "speedup": seconds["plain"] / seconds["ours"],
                                           "tokens_per_target_forward": stats.mean_accepted_tokens,
                                           "identical_to_plain": bool(torch.equal(out, reference))}
-    motif = torch.randint(2, vocab, (1, 16), device=device)
+    motif = torch.randint(2, vocab, (1, 16), generator=torch.Generator().manual_seed(0)).to(device)
     repetitive = motif.repeat(1, 8)
     rep_common = dict(common, attention_mask=torch.ones_like(repetitive))
     plain_rep = lambda: target.generate(repetitive, **rep_common)  # noqa: E731
