@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 MAX_ROWS = 32  # above this the ordinary GEMM path is the one to take
-PROBE_ROWS = 4096  # a wider layer's paths are timed on its first PROBE_ROWS outputs
+PROBE_ROWS = 16384  # a wider layer's paths are timed on its first PROBE_ROWS outputs
 PATHS = ("linear", "weight_first", "onednn")
 
 _linear_forward = nn.Linear.forward
@@ -98,10 +98,10 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
     with _LOCK:  # one thread times at a time (two at once would time each other)
         if key in CHOICES:
             return CHOICES[key]
-        if layer.out_features > PROBE_ROWS and 2 <= x2d.shape[0] <= 8:
-            # a wide layer (an LM head) at a verification's row count is timed on a slice of its outputs, at a tenth
-            # of the cost: there F.linear's slowness is its kernel's, which a slice shows too (at one row the paths
-            # differ in how they stream the weights from memory, which only the whole layer shows)
+        if layer.out_features > PROBE_ROWS:
+            # a wide layer (an LM head) is timed on a slice of its outputs, at a third of the cost: a slice too large
+            # for the caches, since the paths differ in how they stream the weights from memory (a 4096-row slice of
+            # SmolLM2's head, cache-resident, ranked them wrongly at 5 rows; 16384 rows ranked them as the whole does)
             layer = _linear_over(layer.weight[:PROBE_ROWS], None if layer.bias is None else layer.bias[:PROBE_ROWS])
         paths = []
         # oneDNN packing (float32 here) is tried where it has won (one row, or more than a verification's 8): its

@@ -80,8 +80,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     accepted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
     drafted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
     in_run: bool | None = None
+    # what a step verifying n tokens costs now: `level` (how fast the machine runs at present: it moves with every step)
+    # times `shape[n]` (the width's cost relative to that level: it moves only when that width is measured), so that a
+    # width not tried for a while is still priced at today's speed
     verify_seconds: dict[int, float] = field(default_factory=dict)  # tokens in the verification forward -> seconds
     verify_samples: dict[int, int] = field(default_factory=dict)  # how many steps measured each width
+    shape: dict[int, float] = field(default_factory=dict)
+    level: float | None = None
     draft_seconds_per_token: float | None = None
     steps: int = 0
     # trees: decayed counts per node (the tree's node order, likeliest first) of being verified and accepted, and
@@ -109,9 +114,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             best = 0
         if self.steps % self.explore_every == 0:
             # now and then a neighbour that is estimated nearly as good, so that close calls get re-measured; a
-            # clearly worse length is not tried again (what it costs would be lost for nothing)
-            neighbour = best + (1 if (self.steps // self.explore_every) % 2 else -1)
-            if 0 <= neighbour <= self.cap and rate[neighbour] >= (1 - self.explore_margin) * rate[best]:
+            # clearly worse length is not tried again (what it costs would be lost for nothing); from plain steps,
+            # one draft all the same, since plain steps measure no acceptance and would never be left otherwise
+            neighbour = best + (1 if (self.steps // self.explore_every) % 2 or best == 0 else -1)
+            if 0 <= neighbour <= self.cap and (best == 0 or rate[neighbour] >= (1 - self.explore_margin) * rate[best]):
                 best = neighbour
         return best
 
@@ -173,16 +179,20 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         first, self.first_step = self.first_step, False
         if not first:  # the first step's forward also reads the prompt: its verification time says nothing
             n = num_drafted + 1
-            old, seen = self.verify_seconds.get(n), self.verify_samples.get(n, 0)
+            seen = self.verify_samples.get(n, 0)
             self.verify_samples[n] = seen + 1
-            if old is None or seen == 1:
+            if self.level is None:
+                self.level = verify_seconds
+            if seen <= 1:
                 # the first forward of a width may carry one-time costs (the CPU path timing its matmuls, the
                 # allocator growing): the second sample replaces it
-                self.verify_seconds[n] = verify_seconds
+                self.shape[n] = verify_seconds / self.level
             else:
                 # noise on a shared machine only ever adds time: a sample far above the estimate moves it little
-                weight = 0.3 if verify_seconds < 1.5 * old else 0.05
-                self.verify_seconds[n] = (1 - weight) * old + weight * verify_seconds
+                slower = verify_seconds / (self.shape[n] * self.level)
+                self.level *= 1 + (0.2 if slower < 1.5 else 0.05) * (slower - 1)
+                self.shape[n] += (0.1 if slower < 1.5 else 0.02) * (verify_seconds / self.level - self.shape[n])
+            self.verify_seconds = {m: shape * self.level for m, shape in self.shape.items()}
         tried = num_drafted if num_tried is None else num_tried
         if tried:
             per_token = draft_seconds / tried

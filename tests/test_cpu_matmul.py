@@ -86,7 +86,7 @@ def test_a_greedy_call_leaves_the_global_random_generator_alone(tmp_path, monkey
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_matmul, "CHOICES", {})  # nothing measured yet: every path is timed in this call
     monkeypatch.setattr(cpu_matmul, "_STORE", {"loaded": None, "dirty": False})
-    target = tiny_llama(vocab=5000)  # an LM head wider than PROBE_ROWS: its verification rows are timed on a slice
+    target = tiny_llama(vocab=cpu_matmul.PROBE_ROWS + 8)  # an LM head timed on a slice of its rows
     torch.manual_seed(0)
     before = torch.get_rng_state()
     target.generate(torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(0)), max_new_tokens=12,
