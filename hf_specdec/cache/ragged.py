@@ -19,7 +19,7 @@ read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in un
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 from ..cpu_matmul import verifying
 from ..errors import InputError
@@ -35,14 +35,35 @@ def has_sliding_window(config) -> bool:
     return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
 
 
+def can_roll_back(cache) -> bool | None:
+    """Whether `crop` can put `cache` back as it was: True, False, or None while its linear-attention layers (which
+    know only after their first forward whether they hold a recurrent state, or convolution states alone) are empty."""
+    layers = getattr(cache, "layers", None) or []
+    if any(isinstance(layer, LinearAttentionCacheLayerMixin) and not any(layer.is_conv_states_initialized.values())
+           and not any(layer.is_recurrent_states_initialized.values()) for layer in layers):
+        return None if all(layer.is_croppable or isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers) \
+            else False
+    return bool(cache.is_croppable)
+
+
+def mixes_slots(cache) -> bool:
+    """Whether some layer reads the cache's last slots whatever the attention mask says (a convolution over recent
+    tokens): a hole (a rejected slot of one row) or a tree's sibling would enter it."""
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", None) or [])
+
+
 def takes_4d_masks(model) -> bool:
     """Whether the model's attention takes a 4-D additive mask, as tree verification needs (eager, sdpa and flex do;
     flash attention takes padding masks only)."""
     return "flash" not in (getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def check_tree_attention(model, what: str) -> None:
-    """Refuse, before any work, a tree on a target whose attention cannot take the tree's 4-D mask."""
+def check_tree_attention(model, what: str, cache=None) -> None:
+    """Refuse, before any work, a tree on a target whose attention cannot take the tree's 4-D mask, or whose cache has
+    layers that read recent slots whatever the mask (a convolution would mix the tree's siblings)."""
+    if cache is not None and mixes_slots(cache):
+        raise InputError(f"{what} verifies a tree of candidates in one forward, but {type(model).__name__} has layers "
+                         "(convolutions over recent tokens) that would read a node's siblings as its past: draft a chain.")
     if not takes_4d_masks(model):
         raise InputError(f"{what} verifies a tree of candidates in one forward, which needs a 4-D attention mask; "
                          f"attn_implementation={model.config._attn_implementation!r} takes none. Load the target with "
@@ -62,6 +83,7 @@ class RaggedKV:
         self.keep_logits = model._supports_logits_to_keep()
         self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
         self.last_output = None
+        self.check_roll_back = can_roll_back(cache) is None  # known after the first forward (see `can_roll_back`)
 
     @property
     def slots(self) -> int:
@@ -143,6 +165,11 @@ class RaggedKV:
                 with self.capture.recording():
                     out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
         self.last_output = out
+        if self.check_roll_back:
+            self.check_roll_back = False
+            if not self.cache.is_croppable:  # (nothing was rolled back yet: the caller's model is as it was)
+                raise InputError(f"{type(self.model).__name__}'s cache holds a recurrent state after its first forward, "
+                                 "which cannot be rolled back to before a rejected draft: use plain generate().")
         return out.logits[:, -num_logits:].float()
 
     def keep(self, num_new: int, kept: list[list[int]]) -> None:

@@ -98,7 +98,7 @@ class MedusaDrafter(Drafter):
         super().start(target, seqs, settings)
         check_device(self.heads, target.model, "Medusa heads")
         if self.tree is not None:
-            check_tree_attention(target.model, "A Medusa tree")
+            check_tree_attention(target.model, "A Medusa tree", target.cache)
         if self.tree is not None and has_sliding_window(target.model.config):
             raise InputError("A tree of Medusa candidates needs full attention in every layer (its 4-D mask would "
                              "cross the sliding window); use MedusaDrafter(heads, tree='chain') with this target.")

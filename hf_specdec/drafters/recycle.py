@@ -57,7 +57,7 @@ class RecycleDrafter(Drafter):
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
-        check_tree_attention(target.model, "Token recycling")
+        check_tree_attention(target.model, "Token recycling", target.cache)
         vocab = target.model.config.get_text_config().vocab_size
         device = seqs.ids(0).device
         if self.table is None or self.table.shape[0] != vocab or self.table.device != device:

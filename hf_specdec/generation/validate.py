@@ -3,12 +3,13 @@ acceptance rule, chosen once per call."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 
 from transformers import DynamicCache
 
-from ..cache.ragged import has_sliding_window
+from ..cache.ragged import can_roll_back, has_sliding_window, mixes_slots
 from ..drafters.base import Drafter
 from ..errors import InputError
 from ..verification import Accepted, greedy, rejection_sample, typical
@@ -69,6 +70,7 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
         raise InputError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
     if model.config.is_encoder_decoder:
         raise InputError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
+    check_architecture(model)
     if generation_config.num_beams != 1:
         raise InputError(f"Speculative decoding does not do beam search: set num_beams=1 (got {generation_config.num_beams}).")
     if generation_config.num_return_sequences != 1:
@@ -78,7 +80,8 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise InputError("output_attentions / output_hidden_states are not supported with speculative decoding.")
-    unsupported = sorted(key for key, value in model_kwargs.items() if value is not None and key not in MODEL_KWARGS_HANDLED)
+    unsupported = sorted(key for key, value in model_kwargs.items() if value is not None and key not in MODEL_KWARGS_HANDLED
+                         and not (key == "mm_encoder_outputs" and not value))  # (a text-only prompt: no images)
     if unsupported:
         raise InputError(f"Speculative decoding does not support these generate() inputs: {unsupported}.")
     if synced_gpus:
@@ -89,6 +92,18 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
     if input_ids.shape[0] > 1:
         validate_batch(model, generation_config, model_kwargs.get("cache"))
     return accept_rule(verification_mode, generation_config, typical_threshold, typical_alpha)
+
+
+def check_architecture(model) -> None:
+    """Refuse, before any forward, a target whose forward cannot be verified several tokens at a time and then rolled
+    back to the accepted prefix (transformers' own assisted decoding refuses the same ones)."""
+    name = type(model).__name__
+    if getattr(model, "_is_stateful", False):
+        raise InputError(f"{name} keeps a recurrent state (Mamba-, RWKV- or linear-attention-style layers), which cannot "
+                         "be rolled back to before a rejected draft, as speculative decoding needs: use plain generate().")
+    if "cache" not in inspect.signature(model.forward).parameters:
+        raise InputError(f"{name}'s forward takes no cache, so it cannot verify new tokens after the ones it has read: "
+                         "use plain generate().")
 
 
 def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, rule: AcceptRule) -> Request:
@@ -107,8 +122,9 @@ def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, r
         cache = DynamicCache(config=model.config)
     if cache.get_seq_length() != 0:
         raise InputError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
-    if not cache.is_croppable:
-        raise InputError("This target's cache cannot be rolled back (crop), which speculative decoding needs.")
+    if can_roll_back(cache) is False:
+        raise InputError("This target's cache cannot be rolled back (crop), which speculative decoding needs: use plain "
+                         "generate().")
     return Request(k, rule, cache)
 
 
@@ -117,6 +133,10 @@ def validate_batch(model, generation_config, cache) -> None:
     if has_sliding_window(model.config):
         raise InputError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
                          "cache holes would shift the window); decode one prompt at a time.")
+    if model.config.is_encoder_decoder is False and mixes_slots(DynamicCache(config=model.config)):
+        raise InputError(f"Batched speculative decoding does not support {type(model).__name__}: its convolution layers "
+                         "read each row's most recent cache slots, and a row's rejected drafts stay there as holes; "
+                         "decode one prompt at a time.")
     if cache is not None and type(cache) is not DynamicCache:
         raise InputError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
     if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
