@@ -60,24 +60,50 @@ TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "de
              "image_token_id", "image_token_index", "boi_token_id", "eoi_token_id", "audio_token_id")
 
 
+def _get(config, name):
+    """The attribute, or None where it is absent, derived (a read-only property) or per layer (gemma4 raises)."""
+    if isinstance(getattr(type(config), name, None), property) and getattr(type(config), name).fset is None:
+        return None
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
 def shrink(config) -> None:
     """Make `config` (and each sub-config) tiny, in place."""
     for name, value in list(vars(config).items()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             shrink(value)
     for name, value in SHRINK.items():
-        if isinstance(getattr(config, name, None), int) and not isinstance(getattr(config, name), bool):
-            setattr(config, name, value)
+        current = _get(config, name)
+        if isinstance(current, int) and not isinstance(current, bool):
+            try:
+                setattr(config, name, value)
+            except NotImplementedError:  # xlnet has no length limit to set
+                pass
     for name in TOKEN_IDS:
-        value = getattr(config, name, None)
+        value = _get(config, name)
         if isinstance(value, int) and value >= VOCAB:
             setattr(config, name, VOCAB - 1 - TOKEN_IDS.index(name))
-    layer_types = getattr(config, "layer_types", None)
+    if _get(config, "qk_rope_head_dim") and _get(config, "head_dim"):  # latent attention: RoPE spans the rope part,
+        config.head_dim = config.qk_rope_head_dim  # and every head has its own keys (as in the published configs)
+        if _get(config, "num_key_value_heads"):
+            config.num_key_value_heads = config.num_attention_heads
+    if isinstance(_get(config, "n_routed_experts"), int) and _get(config, "num_experts_per_tok") is None:
+        config.num_experts_per_tok = SHRINK["num_experts_per_tok"]  # deepseek_v2 routes to none by default
+    if config.model_type == "mamba2":  # its heads span expand x hidden_size
+        config.num_heads = config.expand * config.hidden_size // config.head_dim
+    if config.model_type == "xlstm":
+        config.embedding_dim = SHRINK["hidden_size"]
+    if _get(config, "axial_pos_embds_dim"):  # reformer: the axial embeddings add up to the width
+        config.axial_pos_embds_dim = (SHRINK["hidden_size"] // 2,) * 2
+    layer_types = _get(config, "layer_types")
     if isinstance(layer_types, list) and layer_types:
         kinds = list(dict.fromkeys(layer_types))  # keep one layer of each kind the model mixes
         config.layer_types = (kinds + layer_types)[: max(2, len(kinds))]
         for name in ("num_hidden_layers", "num_layers"):
-            if hasattr(config, name):
+            if _get(config, name) is not None:
                 setattr(config, name, len(config.layer_types))
     if hasattr(config, "initializer_range"):
         config.initializer_range = 0.2  # outputs that depend on the context (0.02 gives near-ties everywhere)
@@ -107,7 +133,8 @@ def noisy_copy(model, scale: float = 0.05):
     with torch.no_grad():
         for p in drafter.parameters():
             if p.is_floating_point():
-                p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
+                spread = p.std().clamp_min(1e-3) if p.numel() > 1 else p.abs().clamp_min(1e-3)
+                p.add_(torch.randn_like(p) * scale * spread)
     return drafter
 
 

@@ -104,6 +104,24 @@ def check_architecture(model) -> None:
     if "cache" not in inspect.signature(model.forward).parameters:
         raise InputError(f"{name}'s forward takes no cache, so it cannot verify new tokens after the ones it has read: "
                          "use plain generate().")
+    text_config = model.config.get_text_config()
+    if getattr(text_config, "index_topk", None) is not None:
+        raise InputError(f"{name} attends to the top {text_config.index_topk} keys an indexer selects (sparse attention), "
+                         "and its selection for a token depends on how many tokens one forward reads, so verifying a "
+                         "draft can change the output (transformers' own assisted decoding differs there too): use "
+                         "plain generate().")
+    if model.config.model_type in COUNT_DEPENDENT:
+        raise InputError(f"{name} {COUNT_DEPENDENT[model.config.model_type]}, so verifying several tokens in one forward "
+                         "would change the output: use plain generate().")
+
+
+#: types whose output for a token was measured to depend on how many tokens one forward reads (benchmarks/
+#: architectures.py; transformers' own assisted decoding gives other tokens there too), with what differs
+COUNT_DEPENDENT = {
+    "moshi": "gives other tokens when it reads several new tokens in one forward than one at a time",
+    "hrm_text": "reasons in cycles over the tokens one forward reads",
+    "cpmant": "builds its position bias for the new tokens alone (several new tokens after a cache fail)",
+}
 
 
 def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, rule: AcceptRule) -> Request:

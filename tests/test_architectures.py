@@ -1,0 +1,38 @@
+"""Exact or refused up front, across the architectures transformers ships: a representative type per family, run
+through the same cells as `benchmarks/architectures.py` (every drafter kind that applies, both ways in, the CPU matmul
+path on and off) against plain greedy `generate()`."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.architectures import run_type
+
+#: one type per family of attention, cache and layout the sweep meets: dense RoPE (llama), ALiBi (bloom), learned
+#: positions (gpt2), parallel blocks (gpt_neox, falcon), multi-query (gpt_bigcode), sliding windows mixed with
+#: full attention (gemma2, gemma3 through its multimodal class), MoE (qwen3_moe), latent attention
+#: (deepseek_v3), convolution layers that can roll back (lfm2), complex RoPE on a non-contiguous projection (llama4_text)
+IDENTICAL = ["llama", "bloom", "gpt2", "gpt_neox", "falcon", "gpt_bigcode", "gemma2", "gemma3", "qwen3_moe",
+             "deepseek_v3", "lfm2", "llama4_text", "mpt"]
+#: refused before any forward, with the reason: recurrent state, no cache in the forward
+REFUSED = {"mamba": "recurrent state", "rwkv": "recurrent state", "xlnet": "takes no cache",
+           "openai-gpt": "takes no cache", "cpmant": "position bias", "moshi": "other tokens",
+           "deepseek_v4": "recurrent state"}
+
+
+@pytest.mark.parametrize("model_type", IDENTICAL)
+def test_identical_to_plain_greedy(model_type):
+    row = run_type(model_type, fast_variants=(True,))
+    bad = {name: cell for name, cell in row.get("cells", {}).items()
+           if cell["status"] not in ("ok", "refused") and not name.startswith("transformers")}
+    assert row.get("status", "").startswith("identical") and not bad, (row.get("reason"), bad)
+    # the drafters that apply to every architecture drafted and stayed identical (not refused)
+    assert all(row["cells"][f"{drafter}/{route}/fast"]["status"] == "ok"
+               for drafter in ("copy", "noisy", "ngram") for route in ("enable", "custom_generate")), row["cells"]
+
+
+@pytest.mark.parametrize("model_type, reason", sorted(REFUSED.items()))
+def test_refused_before_any_forward_with_the_reason(model_type, reason):
+    row = run_type(model_type, fast_variants=(True,))
+    ours = {name: cell for name, cell in row["cells"].items() if not name.startswith("transformers")}
+    assert all(cell["status"] == "refused" and reason in cell["reason"] for cell in ours.values()), ours
