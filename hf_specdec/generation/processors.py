@@ -50,8 +50,19 @@ def process_block(processors, seqs, draft, logits: torch.Tensor) -> torch.Tensor
         groups = groups if groups is not None else prefix_groups(seqs, draft)
         for members, ids in groups:
             b, r = (torch.tensor(i, device=scores.device) for i in zip(*members))
-            scores[b, r] = processor(ids, scores[b, r])
+            scores[b, r] = for_rows(processor, [seqs.index[row] for row, _ in members])(ids, scores[b, r])
     return scores
+
+
+def for_rows(processor, rows: list[int]):
+    """`processor` as it applies to these rows of the caller's batch: one that holds a value per row (the repetition
+    penalty's left-padding lengths, since transformers 5) gets a copy holding theirs, in this order."""
+    per_row = getattr(processor, "prompt_ignore_length", None)
+    if not isinstance(per_row, torch.Tensor):
+        return processor
+    copy = object.__new__(type(processor))
+    copy.__dict__.update(processor.__dict__, prompt_ignore_length=per_row[torch.tensor(rows, device=per_row.device)])
+    return copy
 
 
 __all__ = ["process_block", "SCORES_ONLY"]
