@@ -112,7 +112,7 @@ def demo(args) -> int:
     enable(target)
     enc = encode_prompt(tokenizer, args.prompt, target.device)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
-    speculative = dict(assistant=name, num_draft_tokens=args.num_draft_tokens)
+    speculative = dict(assistant=name, num_draft_tokens=args.num_draft_tokens, draft_length=args.draft_length)
 
     # Warm up both paths once so neither pays one-time costs inside the measurement.
     target.generate(**enc, max_new_tokens=4, do_sample=False)
@@ -141,7 +141,7 @@ def demo(args) -> int:
     identical = torch.equal(spec, plain) and torch.equal(outputs["speculative"], plain)
     print("\n--- report ---")
     k = args.num_draft_tokens or get_assistant(target, name).default_num_draft_tokens
-    print(f"drafter:                          {name} (up to {k} draft tokens per step; length adaptive)")
+    print(f"drafter:                          {name} (up to {k} draft tokens per step; length {args.draft_length})")
     print(f"speculative decoding:             {rate['speculative']:.1f} tokens/s ({new} tokens, median of {args.rounds})")
     print(f"plain decoding:                   {rate['plain']:.1f} tokens/s ({plain_new} tokens, median of {args.rounds})")
     print(f"speed-up:                         {rate['speculative'] / rate['plain']:.2f}x "
@@ -232,6 +232,9 @@ def main(argv=None) -> int:
     p.add_argument("--assistant", default=None, help="drafter (default: the best the project has)")
     p.add_argument("--max-new-tokens", type=_positive, default=160)
     p.add_argument("--num-draft-tokens", type=_positive, default=None, help="draft length cap (default: the drafter's)")
+    p.add_argument("--draft-length", choices=("adaptive", "constant"), default="adaptive",
+                   help="adaptive: each step drafts as many tokens as the measured costs say pay (up to the cap), "
+                        "or none; constant: always the cap (default: adaptive)")
     p.add_argument("--rounds", type=_positive, default=2,
                    help="timed rounds of plain and speculative decoding, in turn (the report gives the median)")
     p.add_argument("--threads", type=_positive, default=None)

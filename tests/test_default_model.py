@@ -96,7 +96,9 @@ def test_shipped_drafters_decode_exactly_in_batches(smollm):
 def test_demo_command_runs(capsys):
     from hf_specdec.cli import main
 
-    assert main(["demo", "--max-new-tokens", "24"]) == 0
+    # constant length: the adaptive default may rightly choose plain steps on a loaded machine, and this test asks
+    # whether the demo's drafter ran, not whether it paid
+    assert main(["demo", "--max-new-tokens", "24", "--draft-length", "constant", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "text identical to plain greedy:   yes" in out and "speed-up:" in out
     per_forward = float(out.split("mean accepted tokens per forward:")[1].split()[0])
