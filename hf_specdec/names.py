@@ -3,6 +3,7 @@ of a name before anything loads (`check`) and by the errors that list the known 
 purpose: no torch, no transformers.
 
     "ngram"                   n-gram lookup over the prompt and the output so far (no model)
+    "suffix"                  suffix decoding: earlier calls' prompts and outputs (kept with the target) and this call's
     "recycle"                 token recycling: a tree from the target's own recent top-k successors (no model)
     "none"                    no drafts: plain steps through hf_specdec's own loop (a baseline for measurements)
     "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
@@ -44,6 +45,8 @@ class Word:
 
 WORDS = {word.name: word for word in (
     Word("ngram", "", "drafters.ngram:NgramDrafter.for_target", "n-gram lookup over the prompt and the output so far"),
+    Word("suffix", "", "drafters.suffix:SuffixDrafter.for_target",
+         "suffix decoding: what followed the text's suffix in earlier calls (kept with the target) and in this one"),
     Word("recycle", "", "drafters.recycle:RecycleDrafter.for_target", "token recycling: the target's own top-k successors"),
     Word("none", "", "drafters.plain:PlainDrafter.for_target", "no drafts: plain steps through hf_specdec's loop"),
     Word("self", "optional", "drafters.self_speculative:SelfSpeculativeDrafter.for_target",

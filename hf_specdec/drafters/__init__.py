@@ -12,6 +12,7 @@ from .per_row import PerRowDrafter
 from .plain import PlainDrafter
 from .recycle import RecycleDrafter
 from .self_speculative import SelfSpeculativeDrafter
+from .suffix import SuffixDrafter, SuffixIndex
 
 __all__ = [
     "Draft",
@@ -29,6 +30,8 @@ __all__ = [
     "PerRowDrafter",
     "PlainDrafter",
     "RecycleDrafter",
+    "SuffixDrafter",
+    "SuffixIndex",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
 ]

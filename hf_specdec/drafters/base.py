@@ -9,6 +9,7 @@ Per `generate()` call the loop calls:
         ... the loop accepts a path per row ...
         drafter.accepted(seqs, verified)                        # hook: what was kept, the target's hidden states
         drafter.select_rows(rows)                               # when finished rows leave the batch
+    drafter.end()                                               # hook: the call is over (its rows have finished)
 
 `seqs` (`Sequences`) holds the rows: each row's real tokens (its prompt without padding, then what it generated), on
 the device (`seqs.ids(b)`) and on the host (`seqs.tokens(b)`). `Draft.probs` is the distribution each token was drawn
@@ -204,6 +205,9 @@ class Drafter:
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these rows (finished rows have left the batch)."""
+
+    def end(self) -> None:
+        """The call is over: its last rows have finished (what a drafter learns across calls is kept here)."""
 
     def vocab_size(self) -> int | None:
         """Size of the token space the drafter proposes in, or None when it proposes the target's own ids."""

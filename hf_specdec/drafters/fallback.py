@@ -51,6 +51,10 @@ class FallbackDrafter(Drafter):
         self.second.select_rows(rows)
         self.used_first = [self.used_first[b] for b in rows]
 
+    def end(self):
+        self.first.end()
+        self.second.end()
+
     def propose(self, seqs, max_tokens):
         first = self.first.propose(seqs, max_tokens)
         counts = _counts(first)

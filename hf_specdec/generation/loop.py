@@ -133,6 +133,7 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
 
 
 def finish(run: Run, generation_config, cache, batch_size: int):
+    run.drafter.end()
     if run.streamer is not None:
         run.streamer.end()
     pad = generation_config._pad_token_tensor

@@ -1,0 +1,393 @@
+"""Suffix decoding (after SuffixDecoding, Oliaro et al., arXiv 2411.04975): draft what followed the current text's
+longest suffix in earlier calls' prompts and outputs, and in the current sequence itself; no model, no training.
+
+Two sources, searched at every step:
+- the current sequence (its prompt and its output so far): an n-gram index with counts, updated as tokens arrive;
+- every earlier call on the same target (`SuffixIndex`, kept with the target across calls, threads and both routes
+  into `generate()`): a suffix array over their token sequences, so that the suffix of any length up to `depth` is
+  found by binary search, and the continuations of a match are a contiguous, sorted range of it.
+From each source the drafter grows a tree best-first: a node's children are the tokens that followed its path in that
+source, each with the share of occurrences it took; a node's score is the product of those shares along its path (an
+estimate of its chance to be accepted). The source whose tree scores higher drafts; nodes below `min_probability` are
+left out, and `max_tokens` (the draft-length policy's budget: `draft_length="adaptive"` sizes it by the measured cost
+of a verification forward) caps the nodes. Nodes come likeliest first with parents first, as the loop needs.
+
+At batch 1 the tree is verified in one forward with a tree attention mask; in a batch, or where a tree cannot be
+verified (sliding-window attention, flash attention, convolution layers over recent slots), each row drafts the tree's
+likeliest path as a chain. Drafts are deterministic (q one-hot), so greedy and sampled decoding stay exact.
+
+Memory: the index keeps its tokens and their suffix array, 8 bytes per token (int32 each), up to `max_tokens` tokens
+(oldest calls evicted first); building the array takes about 40 bytes per token for a moment.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..cache.ragged import has_sliding_window, mixes_slots, takes_4d_masks
+from ..errors import InputError
+from ..tree import Tree
+from .base import Draft, Drafter
+from .ngram import NgramIndex
+
+SEPARATOR = -1  # between two documents of the index: no pattern (token ids >= 0) matches across it
+
+
+def suffix_order(tokens: np.ndarray, depth: int) -> np.ndarray:
+    """The suffixes of `tokens` (int32) sorted by their first `depth` tokens (prefix doubling: log2(depth) sorts)."""
+    n = len(tokens)
+    rank = tokens.astype(np.int64) + 2  # separators rank 1, the end of the array 0
+    order = np.argsort(rank, kind="stable")
+    k = 1
+    while k < depth and n:
+        following = np.zeros(n, dtype=np.int64)
+        if k < n:
+            following[: n - k] = rank[k:]
+        order = np.lexsort((following, rank))
+        r, f = rank[order], following[order]
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        new[1:] = (r[1:] != r[:-1]) | (f[1:] != f[:-1])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.cumsum(new)
+        if rank.max(initial=0) == n:  # every suffix already told apart
+            break
+        k *= 2
+    return order.astype(np.int32)
+
+
+class SuffixArray:
+    """The suffix array of a token sequence (documents separated by SEPARATOR), sorted to `depth` tokens."""
+
+    def __init__(self, tokens: np.ndarray, depth: int):
+        self.tokens, self.depth = tokens, depth
+        self.order = suffix_order(tokens, depth)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _compare(self, position: int, pattern: np.ndarray) -> int:
+        """-1, 0 or 1 as the suffix at `position` sorts before, starts with, or sorts after `pattern`."""
+        window = self.tokens[position : position + len(pattern)]
+        differ = np.flatnonzero(window != pattern[: len(window)])
+        if len(differ):
+            return -1 if window[differ[0]] < pattern[differ[0]] else 1
+        return 0 if len(window) == len(pattern) else -1  # a suffix that ends first sorts first
+
+    def range_of(self, pattern: np.ndarray, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
+        """[lo, hi): the suffixes that start with `pattern` (within a range known to hold them all)."""
+        hi = len(self.order) if hi is None else hi
+        a, b = lo, hi
+        while a < b:  # the first suffix not before the pattern
+            mid = (a + b) // 2
+            if self._compare(int(self.order[mid]), pattern) < 0:
+                a = mid + 1
+            else:
+                b = mid
+        start, b = a, hi
+        while a < b:  # the first suffix after it
+            mid = (a + b) // 2
+            if self._compare(int(self.order[mid]), pattern) <= 0:
+                a = mid + 1
+            else:
+                b = mid
+        return start, a
+
+    def children(self, lo: int, hi: int, matched: int) -> list[tuple[int, int, int, int]]:
+        """(token, count, lo, hi) of what follows the `matched` tokens the suffixes in [lo, hi) start with."""
+        positions = self.order[lo:hi].astype(np.int64) + matched
+        inside = positions < len(self.tokens)
+        following = np.full(hi - lo, SEPARATOR, dtype=np.int64)
+        following[inside] = self.tokens[positions[inside]]
+        # sorted within the range (the suffixes are sorted by these tokens next), so each token is a sub-range
+        tokens, starts, counts = np.unique(following, return_index=True, return_counts=True)
+        return [(int(t), int(c), lo + int(s), lo + int(s) + int(c)) for t, s, c in zip(tokens, starts, counts)
+                if t != SEPARATOR]
+
+
+class SuffixIndex:
+    """Earlier calls' token sequences, searchable by any suffix up to `depth` tokens, bounded to `max_tokens`.
+
+    Thread-safe: `add` and `clear` take a lock; a lookup reads a snapshot (the arrays are replaced, never changed).
+    New documents go to a small array rebuilt at each addition; when it grows past a tenth of the large one (at least
+    `merge_tokens`), both are merged into one rebuild, evicting the oldest documents past `max_tokens`.
+    """
+
+    def __init__(self, max_tokens: int = 1_000_000, depth: int = 32, merge_tokens: int = 32_768):
+        if not (isinstance(max_tokens, int) and max_tokens > 0 and isinstance(depth, int) and depth >= 2):
+            raise InputError(f"A suffix index needs max_tokens >= 1 and depth >= 2, got {max_tokens}, {depth}.")
+        self.max_tokens, self.depth, self.merge_tokens = max_tokens, depth, merge_tokens
+        self._lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every document."""
+        with getattr(self, "_lock", threading.Lock()):
+            self._large_docs: list[np.ndarray] = []
+            self._recent_docs: list[np.ndarray] = []
+            self.arrays: tuple[SuffixArray, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(d) for d in self._large_docs) + sum(len(d) for d in self._recent_docs)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._large_docs) + len(self._recent_docs)
+
+    def nbytes(self) -> int:
+        """Bytes the index holds (tokens and suffix arrays)."""
+        return sum(a.tokens.nbytes + a.order.nbytes for a in self.arrays)
+
+    def add(self, *documents) -> None:
+        """Index token sequences (lists or 1-D tensors / arrays of token ids), e.g. a prompt and its answer."""
+        docs = [np.asarray(d.tolist() if isinstance(d, torch.Tensor) else d, dtype=np.int32) for d in documents]
+        docs = [d for d in docs if len(d) >= 2]
+        if not docs:
+            return
+        with self._lock:
+            self._recent_docs += docs
+            recent = sum(len(d) for d in self._recent_docs)
+            large = sum(len(d) for d in self._large_docs)
+            if recent > max(self.merge_tokens, large // 10) or large + recent > self.max_tokens:
+                self._large_docs += self._recent_docs
+                self._recent_docs = []
+                while len(self._large_docs) > 1 and sum(len(d) for d in self._large_docs) > self.max_tokens:
+                    self._large_docs.pop(0)  # the oldest first
+            self.arrays = tuple(SuffixArray(self._concat(docs), self.depth)
+                                for docs in (self._large_docs, self._recent_docs) if docs)
+
+    @staticmethod
+    def _concat(docs: list[np.ndarray]) -> np.ndarray:
+        out = np.full(sum(len(d) + 1 for d in docs), SEPARATOR, dtype=np.int32)
+        at = 0
+        for d in docs:
+            out[at : at + len(d)] = d
+            at += len(d) + 1
+        return out
+
+    def add_texts(self, texts, tokenizer) -> None:
+        """Index texts (earlier answers, say), tokenized without special tokens."""
+        self.add(*(tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts))
+
+    def add_jsonl(self, path, tokenizer, field: str = "text") -> int:
+        """Index the `field` of every line of a JSON-lines file (a corpus of earlier outputs); returns how many."""
+        from ..errors import json_lines
+
+        texts = [row[field] for _, row in json_lines(path, "add_jsonl") if isinstance(row.get(field), str)]
+        self.add_texts(texts, tokenizer)
+        return len(texts)
+
+    def save(self, path) -> None:
+        """Write the documents (in order) to `path` (.npz)."""
+        with self._lock:
+            docs = self._large_docs + self._recent_docs
+        np.savez_compressed(path, tokens=np.concatenate(docs) if docs else np.zeros(0, np.int32),
+                            lengths=np.array([len(d) for d in docs], dtype=np.int64),
+                            settings=np.array(json.dumps({"max_tokens": self.max_tokens, "depth": self.depth})))
+
+    def load(self, path) -> None:
+        """Add the documents saved at `path` (.npz) to this index."""
+        data = np.load(path)
+        bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
+        self.add(*(data["tokens"][a:b] for a, b in zip(bounds[:-1], bounds[1:])))
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int
+    score: float
+    state: object  # the source's state after this node's path
+
+
+class _CorpusSource:
+    """Continuations in the index: a state is (array, lo, hi, matched tokens)."""
+
+    def __init__(self, array: SuffixArray):
+        self.array = array
+
+    def root(self, context: list[int]):
+        """The state of the longest suffix of `context` the index holds (None: not even its last token)."""
+        array = self.array
+        longest = min(len(context), array.depth - 1)
+        if not longest:
+            return None, 0
+        best, low, high = None, 1, longest
+        while low <= high:  # the longest matching suffix length, by bisection (a suffix of a match matches too)
+            m = (low + high) // 2
+            lo, hi = array.range_of(np.asarray(context[-m:], dtype=np.int32))
+            if hi > lo:
+                best, low = (array, lo, hi, m), m + 1
+            else:
+                high = m - 1
+        return best, (best[3] if best else 0)
+
+    @staticmethod
+    def expand(state):
+        array, lo, hi, matched = state[:4]
+        total = hi - lo
+        if matched < array.depth:  # within the sorted depth, a child is a sub-range of the suffix array
+            return [(token, count / total, (array, a, b, matched + 1))
+                    for token, count, a, b in array.children(lo, hi, matched)]
+        # past it, the suffixes are no longer sorted by what follows: group their positions instead
+        positions = state[4] if len(state) > 4 else array.order[lo:hi].astype(np.int64)
+        at = positions + matched
+        inside = at < len(array.tokens)
+        positions, following = positions[inside], array.tokens[at[inside]]
+        out = []
+        for token in np.unique(following):
+            if token != SEPARATOR:
+                group = positions[following == token]
+                out.append((int(token), len(group) / total, (array, 0, len(group), matched + 1, group)))
+        return out
+
+
+class _SequenceSource:
+    """Continuations in the current sequence: an n-gram index with counts; a state is the path's recent tokens."""
+
+    def __init__(self, index: NgramIndex):
+        self.index = index
+
+    def root(self, context: list[int]):
+        n, _ = self.index._longest_match(context[-self.index.max_n :])
+        return (tuple(context[-self.index.max_n :]) if n else None), n
+
+    def expand(self, state):
+        n, key = self.index._longest_match(list(state))
+        if key is None:
+            return []
+        followers = self.index.follow[key]
+        total = sum(count for count, _ in followers.values())
+        return [(token, count / total, (state + (token,))[-self.index.max_n :])
+                for token, (count, _) in followers.items()]
+
+
+def _grow(source, context: list[int], budget: int, min_probability: float, max_depth: int) -> tuple[list[_Node], float]:
+    """The best-first tree of up to `budget` nodes (parents first, likeliest first) and its summed scores."""
+    state, matched = source.root(context)
+    if state is None or budget <= 0:
+        return [], 0.0
+    nodes: list[_Node] = []
+    depth = {-1: 0}
+    frontier = [(-1.0, -1, 0, -1, state)]  # (-score, parent, tie-break, token, state); the root is not a node
+    tie = 0
+    while frontier and len(nodes) < budget:
+        neg, parent, _, token, state = heapq.heappop(frontier)
+        if token >= 0:
+            nodes.append(_Node(token, parent, -neg, state))
+            depth[len(nodes) - 1] = depth[parent] + 1
+            parent = len(nodes) - 1
+        if depth[parent] >= max_depth:
+            continue
+        for child, share, child_state in source.expand(state):
+            score = -neg * share
+            if score >= min_probability:
+                tie += 1
+                heapq.heappush(frontier, (-score, parent, tie, child, child_state))
+    return nodes, sum(node.score for node in nodes)
+
+
+class SuffixDrafter(Drafter):
+    """Drafts a tree of what followed the current text's longest suffix in earlier calls and in the current sequence
+    (see the module docstring).
+
+    Args:
+        index: the index of earlier calls (a name's drafter shares its target's: `for_target`); None: a new one.
+        min_probability: a node's estimated chance to be accepted (its path's product of shares) to be drafted.
+        max_depth: how deep a tree reaches.
+        max_ngram: the longest suffix looked up in the current sequence.
+    """
+
+    default_num_draft_tokens = 16
+
+    def __init__(self, index: SuffixIndex | None = None, min_probability: float = 0.1, max_depth: int = 16,
+                 max_ngram: int = 16):
+        if not 0 < min_probability <= 1 or max_depth < 1:
+            raise InputError(f"SuffixDrafter needs 0 < min_probability <= 1 and max_depth >= 1, got {min_probability}, "
+                             f"{max_depth}.")
+        self.index = index if index is not None else SuffixIndex()
+        self.min_probability, self.max_depth, self.max_ngram = min_probability, max_depth, max_ngram
+        self.sequences: list[NgramIndex] = []
+
+    @classmethod
+    def for_target(cls, target, number=None) -> "SuffixDrafter":
+        """The drafter of `assistant="suffix"`: every drafter of this target shares one index (kept with it)."""
+        return cls(index=index_of(target))
+
+    def __repr__(self) -> str:
+        return f"SuffixDrafter({self.index.num_tokens} tokens indexed in {self.index.num_documents} documents)"
+
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        model = target.model
+        self.trees = (seqs.size == 1 and takes_4d_masks(model) and not has_sliding_window(model.config)
+                      and not mixes_slots(target.cache))
+        self.sequences = [NgramIndex(1, self.max_ngram, count=True) for _ in range(seqs.size)]
+        self.rows = [seqs.tokens(b) for b in range(seqs.size)]  # host lists, growing with the rows
+
+    def propose(self, seqs, max_tokens):
+        arrays = self.index.arrays  # one snapshot for the step
+        trees = []
+        for b, sequence in enumerate(self.sequences):
+            context = seqs.tokens(b)
+            sequence.extend(context[len(sequence) :])
+            best, best_score = [], 0.0
+            # a chain is a tree's likeliest path: grow a wider tree to find it deep enough
+            budget = max_tokens if self.trees else max_tokens * 8
+            for source in [_SequenceSource(sequence), *map(_CorpusSource, arrays)]:
+                nodes, score = _grow(source, context, budget, self.min_probability, self.max_depth)
+                if score > best_score:
+                    best, best_score = nodes, score
+            trees.append(best)
+        device = seqs.ids(0).device
+        if self.trees:
+            (nodes,) = trees
+            if not nodes:
+                return Draft.empty(1, device)
+            tokens = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device)
+            return Draft(tokens, tree=Tree([n.parent for n in nodes]))
+        chains = [_likeliest_path(nodes)[:max_tokens] for nodes in trees]
+        width = max(len(c) for c in chains)
+        tokens = torch.tensor([c + [0] * (width - len(c)) for c in chains], dtype=torch.long)
+        return Draft(tokens.to(device), None, [len(c) for c in chains])
+
+    def accepted(self, seqs, verified):
+        self.rows = [seqs.tokens(b) for b in range(seqs.size)]
+
+    def select_rows(self, rows):
+        """Rows that leave the batch have finished: their sequences join the index."""
+        kept = set(rows)
+        self.index.add(*(row for b, row in enumerate(self.rows) if b not in kept))
+        self.rows = [self.rows[b] for b in rows]
+        self.sequences = [self.sequences[b] for b in rows]
+
+    def end(self) -> None:
+        """The call is over: the rows still held join the index."""
+        self.index.add(*self.rows)
+        self.rows, self.sequences = [], []
+
+
+def _likeliest_path(nodes: list[_Node]) -> list[int]:
+    """The tokens of the tree's likeliest root-to-leaf path (nodes are likeliest first, parents first)."""
+    path, node = [], 0 if nodes else -1
+    while node >= 0:
+        path.append(nodes[node].token)
+        children = [i for i, n in enumerate(nodes) if n.parent == node]
+        node = children[0] if children else -1
+    return path
+
+
+def index_of(target) -> SuffixIndex:
+    """The suffix index kept with `target` (what `assistant="suffix"` drafts from): clear, save, load or add to it."""
+    return target.__dict__.setdefault("_hf_specdec_suffix_index", SuffixIndex())
+
+
+__all__ = ["SuffixDrafter", "SuffixIndex", "SuffixArray", "suffix_order", "index_of"]

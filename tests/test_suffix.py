@@ -1,0 +1,174 @@
+"""Suffix decoding: the suffix array's ranges, exactness (greedy and sampling, trees and chains, batches), the index
+kept with the target across calls and threads (the second call drafts from the first one's output), its bounds, and
+saving and loading it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import SpeculationStats, speculative_generate, verification
+from hf_specdec.drafters import FallbackDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
+from hf_specdec.drafters.suffix import SuffixArray, index_of
+from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.speculation import assert_speculated
+from tests.test_batch import PAD, left_pad
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_suffix_array_finds_every_occurrence_and_nothing_across_documents():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 4, 400).astype(np.int32)
+    tokens[[60, 61, 250]] = -1  # document separators
+    array = SuffixArray(tokens, depth=8)
+    for _ in range(300):
+        m, start = int(rng.integers(1, 7)), int(rng.integers(0, 390))
+        pattern = tokens[start : start + m]
+        if (pattern < 0).any():
+            continue
+        lo, hi = array.range_of(pattern)
+        brute = [i for i in range(len(tokens)) if np.array_equal(tokens[i : i + m], pattern)]
+        assert sorted(array.order[lo:hi].tolist()) == brute
+        for token, count, a, b in array.children(lo, hi, m):  # continuations: sub-ranges, counted
+            assert token >= 0 and count == b - a == sum(tokens[i + m] == token for i in brute if i + m < len(tokens))
+
+
+@pytest.mark.parametrize("arch_name", sorted(ARCHITECTURES))
+def test_greedy_identical_and_the_second_call_drafts_from_the_first_calls_output(arch_name):
+    target = ARCHITECTURES[arch_name](vocab=48)
+    prompts = random_prompts(4, vocab=48, seed=3)
+    kwargs = dict(max_new_tokens=30, do_sample=False, repetition_penalty=1.2)
+    expected = [target.generate(p, **kwargs) for p in prompts]
+    drafter = SuffixDrafter()
+    first, second = SpeculationStats(), SpeculationStats()
+    for prompt, plain in zip(prompts, expected):
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, speculation_stats=first,
+                              draft_length="constant", **kwargs)
+        assert torch.equal(out, plain)
+    assert drafter.index.num_documents == 4 and drafter.index.num_tokens == sum(e.shape[1] for e in expected)
+    for prompt, plain in zip(prompts, expected):  # the same requests again: the index holds their answers
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, speculation_stats=second,
+                              draft_length="constant", **kwargs)
+        assert torch.equal(out, plain)
+    assert_speculated(second, depth=4, what=arch_name)
+    assert second.mean_accepted_tokens > 4 * first.mean_accepted_tokens > 4, (first.as_dict(), second.as_dict())
+    drafter.index.clear()  # without the index, the second round drafts only what the current sequence repeats
+    cleared = SpeculationStats()
+    for prompt, plain in zip(prompts, expected):
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, speculation_stats=cleared,
+                              draft_length="constant", **kwargs)
+        assert torch.equal(out, plain)
+    assert cleared.mean_accepted_tokens < second.mean_accepted_tokens / 2
+
+
+def test_a_name_keeps_one_index_per_target_on_both_routes_and_across_threads():
+    target = tiny_llama(vocab=48)
+    prompts = random_prompts(6, vocab=48, seed=5)
+    kwargs = dict(max_new_tokens=20, do_sample=False, repetition_penalty=1.2)
+    expected = {i: target.generate(p, **kwargs) for i, p in enumerate(prompts)}
+    hf_specdec.enable(target)
+    try:
+        outputs = {}
+
+        def decode(i):
+            route = {} if i % 2 else {"custom_generate": speculative_generate}
+            call = target.generate if i % 2 else (lambda *a, **k: type(target).generate(target, *a, **k))
+            outputs[i] = call(prompts[i], assistant="suffix", **route, **kwargs)
+
+        threads = [threading.Thread(target=decode, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        hf_specdec.disable(target)
+    assert all(torch.equal(outputs[i], expected[i]) for i in expected)
+    index = index_of(target)
+    assert index is hf_specdec.get_assistant(target, "suffix").index and index.num_documents == len(prompts)
+
+
+def test_in_batches_rows_draft_chains_and_finished_rows_join_the_index():
+    target = tiny_llama(vocab=48)
+    prompts = random_prompts(5, vocab=48, seed=11, min_len=3, max_len=10)
+    ids, mask = left_pad(prompts)
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD, repetition_penalty=1.2)
+    expected = target.generate(ids, **kwargs)
+    drafter = SuffixDrafter()
+    target.generate(ids, custom_generate=speculative_generate, assistant=drafter, draft_length="constant", **kwargs)
+    assert drafter.index.num_documents == 5
+    stats = SpeculationStats()
+    for assistant in (drafter, FallbackDrafter(drafter, NgramDrafter())):
+        out = target.generate(ids, custom_generate=speculative_generate, assistant=assistant, speculation_stats=stats,
+                              draft_length="constant", **kwargs)
+        assert torch.equal(out, expected)
+    assert_speculated(stats, depth=3, rows=5, uneven=True)
+
+
+SAMPLING = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=4)  # the first token comes from the prompt's forward
+PROMPT = torch.tensor([[1, 5, 7, 2, 3, 9]])  # no token repeats: the corpus, not the prompt itself, drafts
+
+
+def warmed_drafter(target, samples: int = 300) -> SuffixDrafter:
+    """An index holding the target's own sampled continuations of PROMPT: trees with siblings it often accepts."""
+    drafter = SuffixDrafter(min_probability=0.02)
+    drawn = sample_in_batches(target, PROMPT, samples, seed=99, **SAMPLING)
+    drafter.index.add(*(PROMPT[0].tolist() + list(continuation) for continuation in drawn))
+    return drafter
+
+
+def suffix_pvalue(batched: bool, stats) -> float:
+    target = tiny_llama(vocab=12, seed=0)
+    drafter = warmed_drafter(target)
+    index_before = drafter.index.num_documents
+    drafter.index.add = lambda *documents: None  # the index stays as warmed (what samples add would change drafts)
+    exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **SAMPLING), 4)
+    kwargs = dict(custom_generate=speculative_generate, assistant=drafter, speculation_stats=stats, **SAMPLING)
+    if batched:  # rows draft chains
+        drawn = sample_in_batches(target, PROMPT, 20_000, **kwargs)
+    else:  # one row: trees
+        torch.manual_seed(0)
+        drawn = [tuple(target.generate(PROMPT, **kwargs)[0, PROMPT.shape[1]:].tolist()) for _ in range(2500)]
+    assert drafter.index.num_documents == index_before
+    return chi_square_pvalue(drawn, exact)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["tree", "chains"])
+def test_sampling_keeps_the_targets_distribution(batched):
+    stats = SpeculationStats()
+    assert suffix_pvalue(batched, stats) > 1e-3
+    assert_speculated(stats, depth=2)
+
+
+def test_sampling_negative_control(monkeypatch):
+    monkeypatch.setattr(verification, "residual_distribution", lambda p, q: p)  # forget rejected siblings
+    assert suffix_pvalue(False, SpeculationStats()) < 1e-6
+
+
+def test_the_index_is_bounded_and_saves_and_loads(tmp_path):
+    index = SuffixIndex(max_tokens=100, merge_tokens=10)
+    for i in range(30):
+        index.add(list(range(i, i + 10)))
+    assert index.num_tokens <= 100 + 10 and index.num_documents < 30  # the oldest went first
+    kept = [d.tolist() for d in index._large_docs + index._recent_docs]
+    assert kept[-1] == list(range(29, 39))
+    index.save(tmp_path / "index.npz")
+    loaded = SuffixIndex(max_tokens=100, merge_tokens=10)
+    loaded.load(tmp_path / "index.npz")
+    assert [d.tolist() for d in loaded._large_docs + loaded._recent_docs] == kept
+    assert index.nbytes() == 8 * sum(len(a) for a in index.arrays)  # 8 bytes per token: tokens and suffix array
+
+
+def test_warm_from_a_jsonl_of_earlier_answers(tmp_path):
+    from tests.conftest import tiny_char_tokenizer
+
+    tokenizer = tiny_char_tokenizer()
+    (tmp_path / "answers.jsonl").write_text('{"text": "abcabc"}\n{"text": "xyz"}\n{"other": 1}\n')
+    index = SuffixIndex()
+    assert index.add_jsonl(tmp_path / "answers.jsonl", tokenizer) == 2
+    assert index.num_documents == 2 and index.num_tokens == 9
