@@ -110,18 +110,36 @@ def check_architecture(model) -> None:
                          "and its selection for a token depends on how many tokens one forward reads, so verifying a "
                          "draft can change the output (transformers' own assisted decoding differs there too): use "
                          "plain generate().")
-    if model.config.model_type in COUNT_DEPENDENT:
-        raise InputError(f"{name} {COUNT_DEPENDENT[model.config.model_type]}, so verifying several tokens in one forward "
-                         "would change the output: use plain generate().")
+    own_cache = _own_cache_class(model)
+    if own_cache is not None and getattr(own_cache, "is_croppable", True) is False:
+        raise InputError(f"{name} keeps its state in its own {own_cache.__name__}, which cannot be rolled back to before "
+                         "a rejected draft, as speculative decoding needs: use plain generate().")
+    if model.config.model_type in UNVERIFIABLE:
+        raise InputError(f"{name} {UNVERIFIABLE[model.config.model_type]}, so it cannot verify a draft: use plain "
+                         "generate().")
 
 
-#: types whose output for a token was measured to depend on how many tokens one forward reads (benchmarks/
-#: architectures.py; transformers' own assisted decoding gives other tokens there too), with what differs
-COUNT_DEPENDENT = {
+#: types measured (benchmarks/architectures.py) to give other tokens, or to fail, when one forward reads several new
+#: tokens after its cache; transformers' own assisted decoding differs or fails there too
+UNVERIFIABLE = {
     "moshi": "gives other tokens when it reads several new tokens in one forward than one at a time",
-    "hrm_text": "reasons in cycles over the tokens one forward reads",
+    "hrm_text": "reasons in cycles over the tokens one forward reads, so several new tokens give other outputs",
     "cpmant": "builds its position bias for the new tokens alone (several new tokens after a cache fail)",
+    "prophetnet": "reads one new token per forward once it has a cache",
 }
+
+
+def _own_cache_class(model):
+    """The Cache subclass a model's forward declares for its `cache` (MiniMax's), or None."""
+    from transformers import Cache
+
+    for module in (model, getattr(model, "model", None)):
+        parameter = inspect.signature(module.forward).parameters.get("cache") if module is not None else None
+        annotation = getattr(parameter, "annotation", None)
+        for kind in getattr(annotation, "__args__", (annotation,)):
+            if isinstance(kind, type) and issubclass(kind, Cache) and kind.__name__ not in ("Cache", "DynamicCache"):
+                return kind
+    return None
 
 
 def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, rule: AcceptRule) -> Request:
