@@ -54,6 +54,8 @@ SHRINK = {
     "sliding_window": 8, "sliding_window_size": 8, "attention_chunk_size": 8, "swa_head_dim": 16,
     "swa_num_attention_heads": 4, "embedding_size": 64, "attention_hidden_size": 64, "dim_head": 16, "dim_ff": 96,
     "time_step_rank": 8, "conv_kernel": 4, "expand": 2, "num_hidden_groups": 1,
+    "decoder_layers": 2, "encoder_layers": 2, "decoder_attention_heads": 4, "encoder_attention_heads": 4,
+    "decoder_ffn_dim": 96, "encoder_ffn_dim": 96,
 }
 #: token ids a config names are kept inside the tiny vocabulary
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -82,6 +84,9 @@ def shrink(config) -> None:
                 setattr(config, name, value)
             except NotImplementedError:  # xlnet has no length limit to set
                 pass
+    for name in ("head_dim", "num_key_value_heads"):  # None where the model derives it at build time (some do not)
+        if name in vars(config) and vars(config)[name] is None and _get(config, "num_attention_heads"):
+            setattr(config, name, SHRINK[name])
     for name in TOKEN_IDS:
         value = _get(config, name)
         if isinstance(value, int) and value >= VOCAB:

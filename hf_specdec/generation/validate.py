@@ -110,6 +110,9 @@ def check_architecture(model) -> None:
                          "and its selection for a token depends on how many tokens one forward reads, so verifying a "
                          "draft can change the output (transformers' own assisted decoding differs there too): use "
                          "plain generate().")
+    if _takes_no_cache_object(model):
+        raise InputError(f"{name}'s forward keeps its past in a structure of its own (not a transformers Cache), which "
+                         "cannot be rolled back to before a rejected draft: use plain generate().")
     own_cache = _own_cache_class(model)
     if own_cache is not None and getattr(own_cache, "is_croppable", True) is False:
         raise InputError(f"{name} keeps its state in its own {own_cache.__name__}, which cannot be rolled back to before "
@@ -127,6 +130,14 @@ UNVERIFIABLE = {
     "cpmant": "builds its position bias for the new tokens alone (several new tokens after a cache fail)",
     "prophetnet": "reads one new token per forward once it has a cache",
 }
+
+
+def _takes_no_cache_object(model) -> bool:
+    """Whether the forward's `cache` is declared as a dict (XLM's own per-layer tensors; legacy tuple annotations of
+    models that take a Cache all the same pass)."""
+    annotation = inspect.signature(model.forward).parameters["cache"].annotation
+    kinds = getattr(annotation, "__args__", (annotation,))
+    return any(k is dict or getattr(k, "__origin__", None) is dict for k in kinds)
 
 
 def _own_cache_class(model):
