@@ -12,7 +12,9 @@ from transformers import HfArgumentParser
 
 from hf_specdec.errors import InputError
 
-from .losses import LOSSES
+#: the distillation losses (training/losses.py)
+LOSSES = ("fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid", "ce")
+
 
 
 @dataclass

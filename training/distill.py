@@ -38,16 +38,35 @@ if not __package__:  # run as a file (`accelerate launch training/distill.py`): 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "training"  # PEP 366: the relative imports below resolve as they do under `-m training.distill`
 
-import torch
+from hf_specdec.errors import InputError, debugging, one_line
+
+from .arguments import parse_args
+
+
+def run_command(call) -> None:
+    """Run `call`; a mistake of the user's ends the command with one line and status 2 (HF_SPECDEC_DEBUG=1: the
+    traceback)."""
+    try:
+        call()
+    except InputError as error:
+        if debugging():
+            raise
+        print(f"distill: error: {one_line(error)}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # --help and mistakes in the arguments answer before torch loads (a second, not ten)
+    run_command(parse_args)
+
+import torch  # noqa: E402
 from tqdm.auto import tqdm
 
 from hf_specdec.auto_drafter import AutoDrafter
-from hf_specdec.errors import InputError, debugging, one_line
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE
 
 from .adapters import Adapter, adapter_for, unwrap_drafter
-from .arguments import Args, check_output_dir, parse_args, run_args_path
+from .arguments import Args, check_output_dir, run_args_path
 from .checkpoints import (TrainState, best_folder, data_description, dataset_ids, latest_checkpoint, load_checkpoint, publish_drafter,
                           push_to_hub, save_checkpoint, save_drafter, training_command)
 from .data import (TeacherData, attach_target_features, check_data, collate, epoch_batches, on_policy_records, prepare_data,
@@ -306,10 +325,4 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     relaunch_for_cpu_processes()
-    try:
-        main()
-    except InputError as error:  # the user's mistake: one line naming the fix (HF_SPECDEC_DEBUG=1: the traceback)
-        if debugging():
-            raise
-        print(f"distill: error: {one_line(error)}", file=sys.stderr)
-        sys.exit(2)
+    run_command(main)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-LOSSES = ("fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid", "ce")
+from .arguments import LOSSES  # the names live with the options (parsed before torch loads)
 
 
 def distill_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_lps: torch.Tensor, cols: torch.Tensor | None,
