@@ -103,10 +103,16 @@ def shrink(config) -> None:
         config.embedding_dim = SHRINK["hidden_size"]
     if _get(config, "axial_pos_embds_dim"):  # reformer: the axial embeddings add up to the width
         config.axial_pos_embds_dim = (SHRINK["hidden_size"] // 2,) * 2
+    if config.model_type == "lfm2_moe" and _get(config, "layer_types") is None:  # its default leaves them to checkpoints
+        config.layer_types = ["conv", "full_attention"]
     layer_types = _get(config, "layer_types")
+    per_layer = [n for n, v in vars(config).items()  # other lists with one entry per layer (inkling's MLP kinds)
+                 if n != "layer_types" and isinstance(v, list) and isinstance(layer_types, list) and len(v) == len(layer_types)]
     if isinstance(layer_types, list) and layer_types:
         kinds = list(dict.fromkeys(layer_types))  # keep one layer of each kind the model mixes
         config.layer_types = (kinds + layer_types)[: max(2, len(kinds))]
+        for name in per_layer:
+            setattr(config, name, getattr(config, name)[: len(config.layer_types)])
         for name in ("num_hidden_layers", "num_layers"):
             if _get(config, name) is not None:
                 setattr(config, name, len(config.layer_types))
