@@ -152,7 +152,7 @@ def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], t
 
 def table(report: dict) -> str:
     rows, s = report["rows"], report["settings"]
-    curve_heads = " | ".join(f"after {c['requests_seen']}" for c in next(iter(rows.values()))["curve"])
+    curve_heads = " / ".join(f"after {c['requests_seen']}" for c in next(iter(rows.values()))["curve"])
     lines = [f"{s['workload']}: {s['requests']} requests in order, {s['max_new_tokens']} new tokens at most, greedy",
              "", f"| method | tokens/s | speed-up | tokens per target forward | tokens per forward by requests seen: "
              f"{curve_heads} | identical |", "|---|---|---|---|---|---|"]
