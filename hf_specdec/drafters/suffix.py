@@ -331,7 +331,7 @@ class SuffixDrafter(Drafter):
         self.trees = (seqs.size == 1 and takes_4d_masks(model) and not has_sliding_window(model.config)
                       and not mixes_slots(target.cache))
         self.sequences = [NgramIndex(1, self.max_ngram, count=True) for _ in range(seqs.size)]
-        self.rows = [seqs.tokens(b) for b in range(seqs.size)]  # host lists, growing with the rows
+        self.rows = [seqs.tokens(b) for b in range(seqs.size)]  # the rows' own host lists: they grow in place
 
     def propose(self, seqs, max_tokens):
         arrays = self.index.arrays  # one snapshot for the step
@@ -358,9 +358,6 @@ class SuffixDrafter(Drafter):
         width = max(len(c) for c in chains)
         tokens = torch.tensor([c + [0] * (width - len(c)) for c in chains], dtype=torch.long)
         return Draft(tokens.to(device), None, [len(c) for c in chains])
-
-    def accepted(self, seqs, verified):
-        self.rows = [seqs.tokens(b) for b in range(seqs.size)]
 
     def select_rows(self, rows):
         """Rows that leave the batch have finished: their sequences join the index."""

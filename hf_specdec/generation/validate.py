@@ -110,12 +110,13 @@ def check_architecture(model) -> None:
                          "and its selection for a token depends on how many tokens one forward reads, so verifying a "
                          "draft can change the output (transformers' own assisted decoding differs there too): use "
                          "plain generate().")
-    if _takes_no_cache_object(model):
+    declared = _declared_cache_kinds(model)
+    if any(kind is dict or getattr(kind, "__origin__", None) is dict for kind in declared):  # XLM's per-layer tensors
         raise InputError(f"{name}'s forward keeps its past in a structure of its own (not a transformers Cache), which "
                          "cannot be rolled back to before a rejected draft: use plain generate().")
-    own_cache = _own_cache_class(model)
-    if own_cache is not None and getattr(own_cache, "is_croppable", True) is False:
-        raise InputError(f"{name} keeps its state in its own {own_cache.__name__}, which cannot be rolled back to before "
+    own = [k for k in declared if isinstance(k, type) and getattr(k, "is_croppable", True) is False]
+    if own:  # a Cache subclass of the model's own that says it cannot crop (MiniMax's)
+        raise InputError(f"{name} keeps its state in its own {own[0].__name__}, which cannot be rolled back to before "
                          "a rejected draft, as speculative decoding needs: use plain generate().")
     if model.config.model_type in UNVERIFIABLE:
         raise InputError(f"{name} {UNVERIFIABLE[model.config.model_type]}, so it cannot verify a draft: use plain "
@@ -132,25 +133,15 @@ UNVERIFIABLE = {
 }
 
 
-def _takes_no_cache_object(model) -> bool:
-    """Whether the forward's `cache` is declared as a dict (XLM's own per-layer tensors; legacy tuple annotations of
-    models that take a Cache all the same pass)."""
-    annotation = inspect.signature(model.forward).parameters["cache"].annotation
-    kinds = getattr(annotation, "__args__", (annotation,))
-    return any(k is dict or getattr(k, "__origin__", None) is dict for k in kinds)
-
-
-def _own_cache_class(model):
-    """The Cache subclass a model's forward declares for its `cache` (MiniMax's), or None."""
-    from transformers import Cache
-
+def _declared_cache_kinds(model) -> list:
+    """The types the forward of the model (and of its inner model) declares for `cache` (legacy tuple annotations of
+    models that take a Cache all the same are harmless here: only dicts and uncroppable classes are refused)."""
+    kinds = []
     for module in (model, getattr(model, "model", None)):
         parameter = inspect.signature(module.forward).parameters.get("cache") if module is not None else None
         annotation = getattr(parameter, "annotation", None)
-        for kind in getattr(annotation, "__args__", (annotation,)):
-            if isinstance(kind, type) and issubclass(kind, Cache) and kind.__name__ not in ("Cache", "DynamicCache"):
-                return kind
-    return None
+        kinds += getattr(annotation, "__args__", (annotation,))
+    return kinds
 
 
 def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, rule: AcceptRule) -> Request:
