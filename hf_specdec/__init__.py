@@ -30,6 +30,8 @@ _EXPORTS = {
     "SpecDrafterForCausalLM": ".models.spec_drafter",
     "Eagle3Config": ".models.eagle3",
     "Eagle3DraftModel": ".models.eagle3",
+    "BlockDrafterConfig": ".models.block",
+    "BlockDrafterModel": ".models.block",
     "MedusaConfig": ".models.medusa",
     "MedusaHeads": ".models.medusa",
     "AutoDrafter": ".auto_drafter",

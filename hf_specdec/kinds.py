@@ -26,10 +26,12 @@ from typing import Callable
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from .drafters.block import BlockDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle import EagleDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.medusa import MedusaDrafter
+from .models.block import BlockDrafterConfig, BlockDrafterModel
 from .models.eagle3 import Eagle3Config, Eagle3DraftModel
 from .models.medusa import MedusaConfig, MedusaHeads
 from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
@@ -117,6 +119,9 @@ register_drafter_kind(DrafterKind(
 register_drafter_kind(DrafterKind(
     "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": "hf_specdec.serving:export_vllm_medusa"},
     training="training.adapters:MedusaHeads", description="Medusa heads on the target's final hidden state"))
+register_drafter_kind(DrafterKind(
+    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training="training.adapters:Block",
+    description="a block drafter: one forward proposes several tokens, reading the target's fused layer states"))
 register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training="training.adapters:TokenDrafter",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))

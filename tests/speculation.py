@@ -17,6 +17,7 @@ from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import entering_layers, final_norm
+from hf_specdec.models.block import BlockDrafterConfig, BlockDrafterModel
 from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
 
 
@@ -185,6 +186,47 @@ def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: floa
     return drafter
 
 
+@torch.no_grad()
+def fitted_block(target, prompts, block_size: int = 3, layer_ids=None, draft_vocab=None, ridge: float = 1e-3,
+                 sharpness: float = 8.0, fc_scale: float = 0.5, seed: int = 0, **generate_kwargs) -> BlockDrafterModel:
+    """A block drafter with a random layer and a loud `fc`, whose LM head is fitted by least squares to the tokens
+    1..block_size after each position of the target's continuations of `prompts` (greedy, 40 tokens unless
+    `generate_kwargs` say otherwise), each read where decoding reads it (the newest token's position, then the mask
+    positions after it): right often, wrong often, at every position of the block."""
+    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
+    torch.manual_seed(seed)
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids,
+                                            block_size=block_size, initializer_range=0.3)
+    drafter = BlockDrafterModel(config).eval()
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
+    drafter.fc.weight.normal_(0, fc_scale)
+    drafter.bind_target(target)
+    modules = entering_layers(target, drafter.config.target_layer_ids)
+    inputs, nexts = [], []
+    for prompt in prompts:
+        seq = target.generate(prompt, **generate_kwargs)
+        captured = [None] * len(modules)
+        hooks = [m.register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+                 for i, m in enumerate(modules)]
+        target(seq)
+        for hook in hooks:
+            hook.remove()
+        states = drafter.fuse(torch.cat(captured, dim=-1))
+        shifted = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+        anchors = torch.arange(seq.shape[1] - 1)[None]  # every position as the newest token
+        out, predicts = drafter.forward_blocks(seq, shifted, anchors)
+        keep = predicts[0] < seq.shape[1] - 1  # the token it predicts is in the sequence
+        inputs.append(drafter.norm(out.hidden_states[0][0, keep]))
+        nexts.append(seq[0, predicts[0, keep] + 1])
+    x = torch.cat(inputs)
+    onehot = torch.nn.functional.one_hot(torch.cat(nexts), drafter.config.vocab_size).float()[:, drafter.draft_vocab]
+    gram = x.T @ x + ridge * torch.eye(x.shape[1])
+    drafter.lm_head.weight.copy_(sharpness * torch.linalg.solve(gram, x.T @ onehot).T)
+    return drafter
+
+
 def lie_about_second_q(drafter):
     """A negative control: `drafter` now reports its FIRST draft's distribution for its second draft as well, so that
     a rule trusting the reported q accepts second drafts with the wrong probability (nothing else changes)."""
@@ -201,4 +243,4 @@ def lie_about_second_q(drafter):
 
 
 __all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "quiet_last_layer", "agreeing_eagle", "fitted_heads",
-           "fitted_eagle3", "lie_about_second_q"]
+           "fitted_eagle3", "fitted_block", "lie_about_second_q"]

@@ -254,7 +254,7 @@ def test_medusa_tree_sampling_negative_control_at_depth_two(sampling_target, one
 def test_best_tree_takes_the_most_likely_nodes():
     import itertools
 
-    from hf_specdec.drafters.medusa import best_tree, tree_parents
+    from hf_specdec.drafters.positionwise import best_tree, tree_parents
 
     gen = torch.Generator().manual_seed(0)
     accuracy = (torch.rand(3, 4, generator=gen) * 0.5).sort(dim=1, descending=True).values.tolist()

@@ -26,7 +26,7 @@ class Args:
     tf32: bool = field(default=False, metadata={"help": "allow TF32 matmuls on Ampere+ GPUs (fp32 runs only)"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
-    drafter: str = field(default="new", metadata={"help": "a kind of new drafter ('new' or 'draft-model': token-only; 'eagle': also reads the target's final hidden states, EAGLE-style; 'eagle3': reads three target layers' states, trained with training-time test; 'medusa': heads on the target's hidden state; any kind registered with a training adapter), or a folder holding a drafter or causal LM to continue from"})
+    drafter: str = field(default="new", metadata={"help": "a kind of new drafter ('new' or 'draft-model': token-only; 'eagle': also reads the target's final hidden states, EAGLE-style; 'eagle3': reads three target layers' states, trained with training-time test; 'block': reads them too and proposes block_size tokens per forward; 'medusa': heads on the target's hidden state; any kind registered with a training adapter), or a folder holding a drafter or causal LM to continue from"})
     medusa_heads: int = field(default=4, metadata={"help": "medusa: number of heads (head i predicts the token i + 2 ahead)"})
     medusa_layers: int = field(default=1, metadata={"help": "medusa: residual blocks per head"})
     medusa_decay: float = field(default=0.8, metadata={"help": "medusa: loss weight of head i is decay**i"})
@@ -39,7 +39,9 @@ class Args:
     unroll_steps: int = field(default=1, metadata={"help": "eagle: extra training passes that feed the drafter its own hidden states, as drafting ahead does"})
     target_layers: str = field(default="", metadata={"help": "eagle3: the three target layers whose entering hidden states it fuses, e.g. '2,15,27'; default: 2, N/2, N-3"})
     ttt_steps: int = field(default=3, metadata={"help": "eagle3: training-time-test passes (pass r trains the r-th token drafted ahead, on its own states)"})
-    ttt_decay: float = field(default=0.8, metadata={"help": "eagle3: loss weight of pass r is decay**r"})
+    ttt_decay: float = field(default=0.8, metadata={"help": "eagle3: loss weight of pass r is decay**r; block: of block position r"})
+    block_size: int = field(default=5, metadata={"help": "block: tokens one drafter forward proposes (the newest token's position, then block_size - 1 mask positions)"})
+    block_anchors: int = field(default=32, metadata={"help": "block: positions per sequence per step after which a block of mask positions is trained"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters on an existing drafter instead of all weights"})
     lora_r: int = 16
     lora_alpha: int = 32
@@ -102,7 +104,7 @@ class ArgumentParser(HfArgumentParser):
         self.exit(2, f"distill: error: {message} (see `python training/distill.py --help`)\n")
 
 
-POSITIVE = ("ttt_steps", "prepare_part_size", "medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
+POSITIVE = ("ttt_steps", "block_size", "block_anchors", "prepare_part_size", "medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
             "max_seq_len", "top_k", "gen_batch_size", "score_batch_size", "on_policy_max_new_tokens", "max_steps",
             "batch_size", "eval_max_new_tokens", "num_draft_tokens", "log_every", "medusa_positions")
 
@@ -130,7 +132,7 @@ def parse_args(argv=None) -> Args:
         bad.append(f"--learning-rate must be > 0 (got {args.learning_rate})")
     if args.teacher_data == "generate" and args.num_generate < 1 or args.teacher_data == "score" and args.num_score < 1:
         bad.append(f"--teacher-data {args.teacher_data} with no rows to make: raise --num-generate / --num-score")
-    if args.lora and args.drafter in ("new", "draft-model", "eagle", "eagle3", "medusa"):
+    if args.lora and args.drafter in ("new", "draft-model", "eagle", "eagle3", "block", "medusa"):
         bad.append("--lora adapts an existing drafter: pass --drafter PATH")
     layers = args.target_layers.split(",") if args.target_layers else []
     if layers and (len(layers) != 3 or not all(x.strip().isdigit() and int(x) >= 1 for x in layers)):

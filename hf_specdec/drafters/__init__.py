@@ -1,6 +1,7 @@
 """Drafters: one file per drafting strategy, all behind the batched protocol in `base.py`."""
 
 from .base import CandidateGeneratorDrafter, Draft, Drafter, DraftSettings, SequenceDrafter, Verified
+from .block import BlockDrafter
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
@@ -25,6 +26,7 @@ __all__ = [
     "SelfSpeculativeDrafter",
     "EagleDrafter",
     "Eagle3Drafter",
+    "BlockDrafter",
     "MedusaDrafter",
     "FallbackDrafter",
     "PerRowDrafter",

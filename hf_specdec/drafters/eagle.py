@@ -63,14 +63,11 @@ class EagleDrafter(Drafter):
         self.target_features.select(rows)
         self.fed = [self.fed[b] for b in rows]
 
-    @torch.no_grad()
-    def propose(self, seqs, max_tokens):
-        batch = seqs.size
-        if not self.target_features.ready(seqs):
-            return Draft.empty(batch, self.model.device)  # first step: the target has not produced features yet
-        # 1. Catch up: feed each row's new tokens with the target's features of the positions before them.
+    def catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """Each row's tokens not yet in the drafter's cache, right-padded [B, m], with the drafter's input features for
+        them (position j reads the target's f_{j-1}), their host validity mask and counts; marks them fed."""
         todo, feats = [], []
-        for b in range(batch):
+        for b in range(seqs.size):
             row, features = seqs.ids(b), self.features[b]
             shifted = torch.cat([features.new_zeros(1, features.shape[-1]), features])  # position j reads f_{j-1}
             todo.append(row[self.fed[b] :])
@@ -80,6 +77,15 @@ class EagleDrafter(Drafter):
         block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
         feat_block = self.input_features(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True))
         valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
+        return block, feat_block, valid, counts
+
+    @torch.no_grad()
+    def propose(self, seqs, max_tokens):
+        batch = seqs.size
+        if not self.target_features.ready(seqs):
+            return Draft.empty(batch, self.model.device)  # first step: the target has not produced features yet
+        # 1. Catch up: feed each row's new tokens with the target's features of the positions before them.
+        block, feat_block, valid, counts = self.catch_up(seqs)
         logits = self.kv.forward(block, block.shape[1], valid=valid, target_features=feat_block)
         hidden = self.kv.last_output.hidden_states[0]
         last = torch.tensor([n - 1 for n in counts], device=block.device)

@@ -200,16 +200,18 @@ class Eagle3DraftModel(DrafterSaving, PreTrainedModel):
 
     # --- forward ---
     def forward(self, input_ids, target_features, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                logits_to_keep: int | torch.Tensor = 0, full_vocab_logits: bool = True, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int | torch.Tensor = 0, full_vocab_logits: bool = True, inputs_embeds=None,
+                **kwargs) -> CausalLMOutputWithPast:
         """`target_features` [B, L, hidden]: per position the fused target state before it (`fuse(...)`), or the
         drafter's own output there. Returns logits over the target's vocabulary (-inf outside the draft vocabulary), or over the draft
         vocabulary (`full_vocab_logits=False`, what training uses), and in `hidden_states[0]` the layer's output at
-        every position (what drafting ahead feeds back). `logits_to_keep` may be a [B, L] bool mask."""
+        every position (what drafting ahead feeds back). `logits_to_keep` may be a [B, L] bool mask; `inputs_embeds`
+        replaces the token embeddings (a block drafter's mask positions)."""
         if not self.is_bound:
             raise TargetNotBoundError(NOT_BOUND.replace("SpecDrafterForCausalLM", "Eagle3DraftModel"))
         for unused in ("output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
-        embeds = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+        embeds = (self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds).to(self.fc.weight.dtype)
         hidden = target_features.to(embeds.dtype)
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)

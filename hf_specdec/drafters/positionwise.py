@@ -1,0 +1,136 @@
+"""Drafters whose one forward scores several positions ahead at once: Medusa heads and block drafters.
+
+Such a drafter gives, per row, a distribution for each of the next k positions, none of them conditioned on the
+tokens drafted before it in the step. From these the step drafts either
+
+- a chain (`tree="chain"`): each position's top token (sampling: one draw from each position's processed
+  distribution, reported as q, so the usual rejection rule stays exact). With `draft_length="adaptive"` a row stops
+  at the first position whose top probability is under the confidence threshold (decided before drawing); or
+- a static tree: node (r1, ..., rd) is the r_d-th most likely token at position d under node (r1, ..., r_{d-1}); the
+  loop verifies the whole tree in ONE target forward with a tree attention mask and keeps the longest accepted path
+  (greedy) or runs recursive rejection over siblings (sampling: exact). `tree=N` builds the N nodes most likely to
+  be accepted from the positions' measured accuracy (written by training; as Medusa builds its trees), `tree="default"`
+  is the 7-node one of them (or `DEFAULT_TREE` without measurements), or pass your own list of paths. Bigger trees
+  accept more per forward but make that forward wider: on a CPU a 64-node forward costs several decode steps, on a
+  GPU about one.
+
+A subclass says how many positions it scores (`num_positions`), what was measured (`accuracy`), and computes the
+scores (`position_logits`).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from ..cache.ragged import check_tree_attention, has_sliding_window
+from ..errors import InputError
+from ..tree import Tree
+from .base import Draft, Drafter, Drafting
+
+#: top-k ranks per depth: 3 first tokens, 2 continuations of the best, 1 of the second, the top-1 chain to depth 3.
+#: Seven nodes: with the root, an 8-row verification forward, the largest the CPU small-M path speeds up.
+DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+
+
+def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
+    """The `num_nodes` paths most likely to be accepted, taking heads as independent: node (r1..rd) is accepted with
+    probability prod_i head_accuracy[i][r_i]. Best-first search, so every path's parent is in the tree."""
+    if not isinstance(num_nodes, int) or num_nodes < 1:
+        raise InputError(f"A Medusa tree needs at least one node, got {num_nodes!r}.")
+    acc = [list(map(float, row)) for row in head_accuracy]
+    frontier = [(-p, (r,)) for r, p in enumerate(acc[0])]
+    heapq.heapify(frontier)
+    tree = []
+    while frontier and len(tree) < num_nodes:
+        neg_p, path = heapq.heappop(frontier)
+        tree.append(path)
+        if len(path) < len(acc):
+            for r, p in enumerate(acc[len(path)]):
+                heapq.heappush(frontier, (neg_p * p, path + (r,)))
+    return tree
+
+
+def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
+    """Paths of ranks -> (the Tree, the paths in verification order). Their order is kept when every path comes after
+    its parent (`best_tree`'s is likeliest first, so cutting the tree to its first n nodes keeps the likeliest);
+    otherwise they are sorted breadth first. Every path's prefix must be in the tree."""
+    unique = list(dict.fromkeys(tuple(p) for p in paths))
+    position = {p: i for i, p in enumerate(unique)}
+    parents_first = all(len(p) == 1 or position.get(p[:-1], len(unique)) < position[p] for p in unique)
+    ordered = unique if parents_first else sorted(unique, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(ordered)}
+    if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
+        raise InputError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
+    missing = [p for p in ordered if len(p) > 1 and p[:-1] not in index]
+    if missing:
+        raise InputError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
+    return Tree([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
+
+
+class PositionwiseDrafter(Drafter):
+    """The chain or tree drafting of a drafter that scores `num_positions` positions ahead in one forward."""
+
+    what = "A drafter"  # how errors name it
+
+    def __init__(self, num_positions: int, accuracy: list | None, tree="default"):
+        self.num_positions = num_positions
+        self.default_num_draft_tokens = num_positions
+        if tree == "default":
+            tree = len(DEFAULT_TREE) if accuracy else [p for p in DEFAULT_TREE if len(p) <= num_positions]
+        if isinstance(tree, int) and not isinstance(tree, bool):
+            if not accuracy:
+                raise InputError(f"tree={tree} builds a tree from the measured accuracy of each position, which this "
+                                 "drafter lacks; pass a list of paths instead, or retrain with training/distill.py.")
+            tree = best_tree(accuracy, tree)
+        self.tree = None if tree == "chain" else tree_parents(tree)
+        if self.tree is not None and self.tree[0].max_depth > num_positions:
+            raise InputError(f"The tree is deeper than the {num_positions} positions {self.what.lower()} drafts.")
+        if self.tree is not None:  # a tree's budget is its nodes (what the verification forward's width costs)
+            self.default_num_draft_tokens = self.tree[0].size
+
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        if self.tree is not None:
+            check_tree_attention(target.model, f"{self.what}'s tree", target.cache)
+            if has_sliding_window(target.model.config):
+                raise InputError(f"{self.what}'s tree of candidates needs full attention in every layer (its 4-D mask "
+                                 "would cross the sliding window); draft a chain (tree='chain') with this target.")
+
+    def position_logits(self, seqs, k: int) -> torch.Tensor | None:
+        """[B, k, V] scores of the next k positions of every row (None: nothing to draft from yet)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def propose(self, seqs, max_tokens):
+        """A chain of at most `max_tokens` positions' tokens, or the first `max_tokens` nodes of the tree."""
+        if self.tree is not None:
+            max_tokens = min(max_tokens, self.tree[0].size)
+            k = self.tree[0].prefix(max_tokens).max_depth  # the positions that tree needs
+        else:
+            k = min(max_tokens, self.num_positions)
+        logits = self.position_logits(seqs, k) if k > 0 else None
+        if logits is None:
+            return Draft.empty(seqs.size, seqs.ids(0).device)
+        logits = logits.float()
+        if self.tree is not None:
+            return self._tree(logits, max_tokens)
+        drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
+        for i in range(k):  # position i's token; rows stop at a position less confident than the threshold
+            if not drafting.step(logits[:, i]):
+                break
+        return drafting.draft()
+
+    def _tree(self, logits: torch.Tensor, size: int) -> Draft:
+        """The static tree's first `size` nodes (a tree too): node (r1..rd) is the r_d-th best token of position d."""
+        tree, paths = self.tree
+        tree, paths = tree.prefix(size), paths[:size]
+        width = max(max(p) for p in paths) + 1
+        top = logits.topk(width, dim=-1).indices  # [B, k, width]
+        depth = torch.tensor([len(p) - 1 for p in paths], device=logits.device)
+        rank = torch.tensor([p[-1] for p in paths], device=logits.device)
+        return Draft(top[:, depth, rank], tree=tree)
+
+
+__all__ = ["PositionwiseDrafter", "DEFAULT_TREE", "best_tree", "tree_parents"]
