@@ -14,7 +14,7 @@ Several kinds may share a config class (token-only and EAGLE-style drafters are 
 then tells them apart. Exporters are `exporter(model, target, out_folder, dtype)`, or their "module:name" (the
 built-in ones are named, so that decoding, and the `custom_generate/` copy of it, never loads export code). `training`
 names the `module:attribute` of the kind's training adapter (a subclass of `training.adapters.Adapter`: how to build,
-feed and score the kind), which `python -m training.distill --drafter <kind name>` loads; the training code lies
+feed and score the kind, and its `Options` dataclass), which `python -m training.distill --drafter <kind name>` loads; the training code lies
 outside the package, so it is named, not imported.
 """
 
@@ -108,22 +108,22 @@ class _AttributeView:
 register_drafter_kind(DrafterKind(
     "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter,
     matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": "hf_specdec.serving:export_vllm_draft"},
-    training="training.adapters:TokenDrafter", description="a token-only drafter that borrows the target's embeddings"))
+    training="training.token_drafters:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
 register_drafter_kind(DrafterKind(
     "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter,
     matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": "hf_specdec.serving:export_vllm_eagle"},
-    training="training.adapters:EagleDrafter", description="an EAGLE-style drafter reading the target's hidden states"))
+    training="training.token_drafters:EagleTraining", description="an EAGLE-style drafter reading the target's hidden states"))
 register_drafter_kind(DrafterKind(
     "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, exporters={"vllm-eagle3": "hf_specdec.serving:export_vllm_eagle3"},
-    training="training.adapters:Eagle3", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
+    training="training.layer_states:Eagle3Training", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
 register_drafter_kind(DrafterKind(
     "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": "hf_specdec.serving:export_vllm_medusa"},
-    training="training.adapters:MedusaHeads", description="Medusa heads on the target's final hidden state"))
+    training="training.medusa:MedusaTraining", description="Medusa heads on the target's final hidden state"))
 register_drafter_kind(DrafterKind(
-    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training="training.adapters:Block",
+    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training="training.layer_states:BlockTraining",
     description="a block drafter: one forward proposes several tokens, reading the target's fused layer states"))
 register_drafter_kind(DrafterKind(
-    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training="training.adapters:TokenDrafter",
+    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training="training.token_drafters:CausalLMTraining",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "kind_of", "export_formats"]

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 from hf_specdec.errors import InputError  # noqa: E402
 from hf_specdec.cli import main as cli_main  # noqa: E402
 from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
-from training import adapters, arguments, checkpoints, distill, evaluate, losses  # noqa: E402
+from training import adapters, arguments, checkpoints, distill, evaluate, layer_states, losses, medusa, token_drafters  # noqa: E402
 from training import data as teacher_data  # noqa: E402
 from training import target as deployed  # noqa: E402
 
@@ -98,10 +98,12 @@ def cli(world, out: Path, **overrides) -> list[str]:
     options = {
         "target": world["target"], "data": world["data"], "exclude_ids": world["dev"], "num_generate": 24,
         "num_score": 32, "heldout_prompts": 6, "max_new_tokens": 16, "top_k": 8, "gen_batch_size": 8,
-        "data_cache_dir": world["root"] / "cache", "drafter_layers": 1, "draft_vocab_size": 48, "batch_size": 8,
+        "data_cache_dir": world["root"] / "cache", "draft_vocab_size": 48, "batch_size": 8,
         "eval_max_new_tokens": 12, "warmup_steps": 2, "threads": 1, "log_every": 1, "max_steps": 6,
         "eval_every": 3, "save_every": 3, "output_dir": out,
     }
+    if overrides.get("drafter", "new") in ("new", "draft-model", "eagle"):
+        options["drafter_layers"] = 1  # (a token-only or EAGLE drafter's own option)
     options.update(overrides)
     args = []
     for key, value in options.items():
@@ -151,7 +153,7 @@ def trained(world, tmp_path_factory):
 
 # --- data ------------------------------------------------------------------------------------------------------------
 def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
-    args = arguments.parse_args(cli(world, trained["out"]))
+    args = arguments.parse_args(cli(world, trained["out"]))[0]
     examples, skipped = teacher_data.load_examples(args)
     assert len(examples) == 79 and "c0_0" not in {e["id"] for e in examples}
     assert skipped == {"dev prompt (excluded)": 1}
@@ -200,7 +202,7 @@ def test_divergence_is_zero_when_the_drafter_equals_the_target(kind):
 
 @pytest.mark.parametrize("kind", list(losses.LOSSES))
 def test_every_loss_decreases_on_a_fixed_batch(world, trained, kind):
-    args = arguments.parse_args(cli(world, trained["out"]))
+    args = arguments.parse_args(cli(world, trained["out"]))[0]
     target, tokenizer = deployed.load_target(args, torch.device("cpu"))
     folder = Path(trained["summary"]["data"]["cache_folder"])
     train = teacher_data.TeacherData.load(folder / "train.safetensors")
@@ -248,7 +250,7 @@ def test_quantized_targets_train_on_cpu(world, tmp_path, quantization):
     assert_evaluated_speculatively(summary["best"])
     config = json.loads((out / "config.json").read_text())
     assert config["target_quantization"] == quantization
-    target, _ = deployed.load_target(arguments.parse_args(cli(world, out, target_quantization=quantization)), torch.device("cpu"))
+    target, _ = deployed.load_target(arguments.parse_args(cli(world, out, target_quantization=quantization))[0], torch.device("cpu"))
     assert "bitsandbytes" in type(target.model.layers[0].mlp.up_proj).__module__
 
 
@@ -412,7 +414,7 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
     seen = []
     original = drafter.forward
     with mock.patch.object(drafter, "forward", side_effect=lambda **kw: seen.append(kw["target_features"]) or original(**kw)):
-        logits, _ = adapters.eagle_passes(drafter, batch, unroll_steps=1)
+        logits, _ = token_drafters.eagle_passes(drafter, batch, unroll_steps=1)
     assert len(logits) == 2 and logits[0].shape[0] == int(positions.sum())
     torch.testing.assert_close(seen[0][:, 1:], batch["features"][:, :-1])
     assert not seen[0][:, 0].any()
@@ -576,7 +578,7 @@ def test_training_time_test_passes_see_what_drafting_ahead_sees():
     positions[:, 3:] = True
     batch = {"input_ids": ids, "positions": positions, "features": torch.randn(2, 9, 3 * 48)}
     with torch.no_grad():
-        passes, weights = adapters.training_time_test_passes(drafter, batch, steps=3, decay=0.5)
+        passes, weights = layer_states.training_time_test_passes(drafter, batch, steps=3, decay=0.5)
         assert weights == [1.0, 0.5, 0.25]
         fused = drafter.fuse(batch["features"])
         for r, logits in enumerate(passes):
@@ -598,7 +600,7 @@ def test_training_time_test_passes_see_what_drafting_ahead_sees():
 # --- Medusa heads ---------------------------------------------------------------------------------------------------------
 def test_medusa_pairs_align_heads_with_future_teacher_rows():
     positions = torch.tensor([[False, True, True, True, True, False], [False, False, True, True, False, False]])
-    source, teacher = adapters.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
+    source, teacher = medusa.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
     assert source.nonzero().tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1]]
     # teacher rows (row-major over `positions`): row 0 -> 0..3 at j = 1..4, row 1 -> 4, 5 at j = 2, 3
     assert teacher.tolist() == [1, 2, 3, 4, 5]
@@ -627,7 +629,8 @@ def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_traine
     kinds.register_drafter_kind(BIGRAM)
     out = tmp_path / "bigram"
     summary = run_in_process(cli(world, out, drafter="test-bigram", max_steps=30, eval_every=30, save_every=0,
-                                 learning_rate=0.3))
+                                 learning_rate=0.3, bigram_scale=2.0))  # an option of the kind's own
+    assert json.loads((out / "run_args.json").read_text())["bigram_scale"] == 2.0
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < 0.7 * log[0]["loss"]
     assert_evaluated_speculatively(summary["best"])
@@ -635,6 +638,9 @@ def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_traine
     assert isinstance(drafter, BigramTable) and drafter.table.abs().sum() > 0
     with pytest.raises(ValueError, match="neither a kind of drafter to train .*test-bigram"):
         adapters.adapter_for("no-such-kind")
+    with pytest.raises(InputError, match=r"unrecognized arguments: --ttt-steps 2 \(the options of a test-bigram drafter: --bigram-scale"):
+        distill.main(cli(world, tmp_path / "other", drafter="test-bigram", ttt_steps=2))
+    assert not (tmp_path / "other").exists()
 
 
 # --- bad input and data safety ---------------------------------------------------------------------------------------
@@ -671,8 +677,9 @@ def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
     (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, eagle3, medusa"),
 ])
 def test_bad_arguments_are_input_errors(world, tmp_path, argv, message):
+    kind = {"drafter": argv[argv.index("--drafter") + 1]} if "--drafter" in argv else {}
     with pytest.raises(InputError) as error:
-        distill.main(cli(world, tmp_path / "out") + argv)
+        distill.main(cli(world, tmp_path / "out", **kind) + argv)
     assert message in str(error.value)
     assert not (tmp_path / "out").exists()
 
@@ -744,7 +751,7 @@ def test_a_kill_mid_write_leaves_a_loadable_run(world, tmp_path):
     assert summary["resumed_from"] == str(checkpoint) and summary["final_step"] == 6
     assert (out / "checkpoints" / "best" / "config.json").is_file() and (out / RUN_COMPLETE).is_file()
     # killed mid-preparation: a half shard under its temporary name, no meta.json: the data is made again
-    args = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache2"))
+    args = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache2"))[0]
     folder = tmp_path / "cache2" / teacher_data.data_cache_key(args)
     folder.mkdir(parents=True)
     (folder / "shard-0.pt.tmp").write_bytes(b"half")
@@ -773,9 +780,9 @@ def test_bf16_runs_the_target_in_bf16_and_the_drafter_in_mixed_precision(world, 
                                  data_cache_dir=tmp_path / "cache"))
     assert summary["final_step"] == 2 and summary["best"]["target_forwards"] > 0
     assert "bfloat16" in json.loads((out / "run_args.json").read_text())["dtype"]
-    fp32 = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache"))
+    fp32 = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache"))[0]
     assert teacher_data.data_cache_key(fp32) != Path(summary["data"]["cache_folder"]).name  # its own teacher data
-    target, _ = deployed.load_target(arguments.parse_args(cli(world, out, dtype="bfloat16")), torch.device("cpu"))
+    target, _ = deployed.load_target(arguments.parse_args(cli(world, out, dtype="bfloat16"))[0], torch.device("cpu"))
     assert target.dtype == torch.bfloat16
 
 
@@ -794,7 +801,7 @@ def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_f
     assert judged and set(judged) == {torch.float32} and summary["best"]["target_forwards"] > 0
     folder = Path(summary["data"]["cache_folder"])
     assert json.loads((folder / "meta.json").read_text())["teacher_dtype"] == "bfloat16"
-    key = lambda **dtypes: teacher_data.data_cache_key(arguments.parse_args(cli(world, tmp_path, **dtypes)))  # noqa: E731
+    key = lambda **dtypes: teacher_data.data_cache_key(arguments.parse_args(cli(world, tmp_path, **dtypes))[0])  # noqa: E731
     assert folder.name == key(teacher_dtype="bfloat16") == key(dtype="bfloat16")  # same teacher numerics, same data
     assert key() == key(teacher_dtype="float32") != folder.name  # and the fp32 data keeps its own folder (and name)
 

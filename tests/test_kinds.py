@@ -4,6 +4,7 @@ decodes and is tagged on the Hub with no other edit. The toy kind here is that f
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -63,15 +64,22 @@ def export_bigram_json(model, target, out, dtype):
     (out / "bigram.json").write_text(json.dumps(model.table.argmax(dim=-1).tolist()))
 
 
+@dataclass
+class BigramOptions:
+    bigram_scale: float = field(default=1.0, metadata={"help": "the table's entries are logits times this"})
+
+
 class BigramTraining(Adapter):
     """How `python -m training.distill --drafter test-bigram` builds and scores it (the default loss: the target's
-    top-K distribution at every teacher position, from the token there)."""
+    top-K distribution at every teacher position, from the token there), with an option of its own."""
+
+    Options = BigramOptions
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         return BigramTable(BigramConfig(vocab_size=target.config.vocab_size))
 
     def logits(self, model, batch):
-        return model.table[batch["input_ids"][batch["positions"]]], batch["tgt_ids"]
+        return self.options.bigram_scale * model.table[batch["input_ids"][batch["positions"]]], batch["tgt_ids"]
 
 
 BIGRAM = DrafterKind("test-bigram", BigramConfig, BigramTable, BigramDrafter, exporters={"test-bigram-json": export_bigram_json},

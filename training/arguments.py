@@ -27,21 +27,7 @@ class Args:
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
     drafter: str = field(default="new", metadata={"help": "a kind of new drafter ('new' or 'draft-model': token-only; 'eagle': also reads the target's final hidden states, EAGLE-style; 'eagle3': reads three target layers' states, trained with training-time test; 'block': reads them too and proposes block_size tokens per forward; 'medusa': heads on the target's hidden state; any kind registered with a training adapter), or a folder holding a drafter or causal LM to continue from"})
-    medusa_heads: int = field(default=4, metadata={"help": "medusa: number of heads (head i predicts the token i + 2 ahead)"})
-    medusa_layers: int = field(default=1, metadata={"help": "medusa: residual blocks per head"})
-    medusa_decay: float = field(default=0.8, metadata={"help": "medusa: loss weight of head i is decay**i"})
-    medusa_positions: int = field(default=512, metadata={"help": "medusa: positions per head per step (each needs full-vocabulary logits)"})
-    drafter_layers: int = 2
-    drafter_intermediate_size: int = field(default=0, metadata={"help": "0: the target's"})
     draft_vocab_size: int = field(default=8192, metadata={"help": "reduced output vocabulary (most frequent target tokens); 0: full"})
-    init_from_target: bool = field(default=True, metadata={"help": "new drafter: copy the target's first layers (eagle: its last layers) and final norm"})
-    feature_loss_weight: float = field(default=1.0, metadata={"help": "eagle: weight of the smooth-L1 loss between the drafter's and the target's hidden states"})
-    unroll_steps: int = field(default=1, metadata={"help": "eagle: extra training passes that feed the drafter its own hidden states, as drafting ahead does"})
-    target_layers: str = field(default="", metadata={"help": "eagle3: the three target layers whose entering hidden states it fuses, e.g. '2,15,27'; default: 2, N/2, N-3"})
-    ttt_steps: int = field(default=3, metadata={"help": "eagle3: training-time-test passes (pass r trains the r-th token drafted ahead, on its own states)"})
-    ttt_decay: float = field(default=0.8, metadata={"help": "eagle3: loss weight of pass r is decay**r; block: of block position r"})
-    block_size: int = field(default=5, metadata={"help": "block: tokens one drafter forward proposes (the newest token's position, then block_size - 1 mask positions)"})
-    block_anchors: int = field(default=32, metadata={"help": "block: positions per sequence per step after which a block of mask positions is trained"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters on an existing drafter instead of all weights"})
     lora_r: int = 16
     lora_alpha: int = 32
@@ -104,12 +90,12 @@ class ArgumentParser(HfArgumentParser):
         self.exit(2, f"distill: error: {message} (see `python training/distill.py --help`)\n")
 
 
-POSITIVE = ("ttt_steps", "block_size", "block_anchors", "prepare_part_size", "medusa_heads", "medusa_layers", "drafter_layers", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
+POSITIVE = ("prepare_part_size", "heldout_prompts", "max_prompt_tokens", "max_new_tokens",
             "max_seq_len", "top_k", "gen_batch_size", "score_batch_size", "on_policy_max_new_tokens", "max_steps",
-            "batch_size", "eval_max_new_tokens", "num_draft_tokens", "log_every", "medusa_positions")
+            "batch_size", "eval_max_new_tokens", "num_draft_tokens", "log_every")
 
 
-NON_NEGATIVE = ("max_train_tokens", "time_budget", "drafter_intermediate_size", "draft_vocab_size", "unroll_steps", "num_generate", "num_score",
+NON_NEGATIVE = ("max_train_tokens", "time_budget", "draft_vocab_size", "num_generate", "num_score",
                 "warmup_steps", "threads", "eval_every", "eval_prompts", "save_every", "keep_checkpoints", "lora_r")
 
 
@@ -119,11 +105,11 @@ RESUMABLE_CHANGES = ("tf32", "time_budget", "max_steps", "eval_every", "eval_pro
                      "resume", "overwrite", "prepare_only", "prepare_part_size", "push_to_hub", "hub_model_id", "hub_private", "license")
 
 
-def parse_args(argv=None) -> Args:
-    parser = ArgumentParser(Args)
-    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+def parse_args(argv=None) -> tuple[Args, list[str]]:
+    """The common arguments, checked, and the strings they leave: the drafter kind's own options (its adapter's
+    `Options`, parsed once the kind is known) or mistakes, which that parse names."""
+    parser = ArgumentParser(Args, epilog=KIND_OPTIONS_HELP)
+    args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     bad = [f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})" for name in POSITIVE if getattr(args, name) < 1]
     bad += [f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})" for name in NON_NEGATIVE if getattr(args, name) < 0]
     if not 0 <= args.on_policy_ratio <= 1:
@@ -132,23 +118,31 @@ def parse_args(argv=None) -> Args:
         bad.append(f"--learning-rate must be > 0 (got {args.learning_rate})")
     if args.teacher_data == "generate" and args.num_generate < 1 or args.teacher_data == "score" and args.num_score < 1:
         bad.append(f"--teacher-data {args.teacher_data} with no rows to make: raise --num-generate / --num-score")
-    if args.lora and args.drafter in ("new", "draft-model", "eagle", "eagle3", "block", "medusa"):
-        bad.append("--lora adapts an existing drafter: pass --drafter PATH")
-    layers = args.target_layers.split(",") if args.target_layers else []
-    if layers and (len(layers) != 3 or not all(x.strip().isdigit() and int(x) >= 1 for x in layers)):
-        bad.append(f"--target-layers must be three target layers, e.g. 2,15,27 (got {args.target_layers!r})")
     if args.resume and args.overwrite:
         bad.append("--resume continues the run in the output folder and --overwrite replaces it: pass one")
     if bad:
         raise InputError("; ".join(bad) + ".")
-    return args
+    return args, rest
+
+
+KIND_OPTIONS_HELP = "Each kind of drafter has options of its own: python training/distill.py --drafter KIND --help"
+
+
+def asks_kind_help(argv: list[str]) -> bool:
+    """`--drafter KIND --help`: the help of the common arguments and of that kind's options (known once it loads)."""
+    return bool({"-h", "--help"} & set(argv)) and any(a == "--drafter" or a.startswith("--drafter=") for a in argv)
 
 
 def run_args_path(output_dir: Path) -> Path:
     return output_dir / "run_args.json"
 
 
-def check_output_dir(args: Args) -> None:
+def run_arguments(args: Args, options) -> dict:
+    """What run_args.json records: the common arguments and the kind's options, in one flat dict."""
+    return json.loads(json.dumps({**asdict(args), **asdict(options)}))
+
+
+def check_output_dir(args: Args, options) -> None:
     """Refuse, before any work, to mix two runs in one folder: --resume against a run whose result-changing arguments
     differ, or a new run into a folder holding another (unless --overwrite)."""
     out = Path(args.output_dir)
@@ -157,9 +151,10 @@ def check_output_dir(args: Args) -> None:
     if args.resume:
         if not saved_path.exists():
             return  # nothing to resume: a fresh run (said in the log)
-        saved, now = json.loads(saved_path.read_text()), json.loads(json.dumps(asdict(args)))
-        differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-                  if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k)]
+        saved, now = json.loads(saved_path.read_text()), run_arguments(args, options)
+        # (keys of this run only: a run saved before the kinds' options moved out of the common ones names them all)
+        differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {now[k]!r}" for k in sorted(now)
+                  if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
         if differ:
             raise InputError(f"--resume: {out} holds a run with other arguments ({'; '.join(differ)}); resume with the "
                              "run's own arguments, or start a new run in another --output-dir.")

@@ -30,7 +30,6 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,7 +39,7 @@ if not __package__:  # run as a file (`accelerate launch training/distill.py`): 
 
 from hf_specdec.errors import InputError, debugging, one_line
 
-from .arguments import parse_args
+from .arguments import asks_kind_help, parse_args
 
 
 def run_command(call) -> None:
@@ -55,8 +54,8 @@ def run_command(call) -> None:
         sys.exit(2)
 
 
-if __name__ == "__main__":  # --help and mistakes in the arguments answer before torch loads (a second, not ten)
-    run_command(parse_args)
+if __name__ == "__main__" and not asks_kind_help(sys.argv[1:]):  # --help and mistakes in the common arguments
+    run_command(parse_args)  # answer before torch loads (a second, not ten)
 
 import torch  # noqa: E402
 from tqdm.auto import tqdm
@@ -65,8 +64,8 @@ from hf_specdec.auto_drafter import AutoDrafter
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE
 
-from .adapters import Adapter, adapter_for, unwrap_drafter
-from .arguments import Args, check_output_dir, run_args_path
+from .adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter
+from .arguments import Args, check_output_dir, run_args_path, run_arguments
 from .checkpoints import (TrainState, best_folder, data_description, dataset_ids, latest_checkpoint, load_checkpoint, publish_drafter,
                           push_to_hub, save_checkpoint, save_drafter, training_command)
 from .data import (TeacherData, attach_target_features, check_data, collate, epoch_batches, on_policy_records, prepare_data,
@@ -86,8 +85,6 @@ def build_drafter(adapter: Adapter, continue_from: str | None, args: Args, targe
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
-        if continue_from is None:
-            raise InputError("--lora adapts an existing drafter: pass --drafter PATH.")
         modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         drafter = get_peft_model(drafter, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=modules))
     return drafter
@@ -117,9 +114,14 @@ def main(argv=None) -> dict:
 
     hf_logging.disable_progress_bar()  # keep the logs to our own bars and JSON lines
 
-    args = parse_args(argv)
-    adapter, continue_from = adapter_for(args.drafter)  # every mistake in the arguments and data before any work
-    check_output_dir(args)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if asks_kind_help(argv):
+        return print_kind_help(argv)
+    args, rest = parse_args(argv)
+    adapter, continue_from = adapter_for(args.drafter, rest)  # every mistake in the arguments and data before any work
+    if args.lora and continue_from is None:
+        raise InputError("--lora adapts an existing drafter: pass --drafter PATH.")
+    check_output_dir(args, adapter.options)
     check_data(args)
     adapter.check(args, continue_from)
     if args.tf32 and torch.cuda.is_available():
@@ -152,12 +154,12 @@ def main(argv=None) -> dict:
         best, old = output_dir / "checkpoints" / "best", output_dir / "checkpoints" / "best.old"
         if not best.exists() and old.exists():  # killed mid-swap: the previous best drafter comes back
             old.rename(best)
-        write_atomically(run_args_path(output_dir), json.dumps(asdict(args), indent=2))
+        write_atomically(run_args_path(output_dir), json.dumps(run_arguments(args, adapter.options), indent=2))
     set_seed(args.seed)
     with accelerator.main_process_first():
         target, tokenizer = load_target(args, accelerator.device)
         teacher = load_teacher(args, target, accelerator.device)
-    features = adapter.feature_modules(teacher, args, continue_from) if adapter.reads_target_features else None
+    features = adapter.feature_modules(teacher, continue_from) if adapter.reads_target_features else None
     train, heldout = prepare_data(args, accelerator, teacher, tokenizer, features)
     if args.extra_data:
         extra = [TeacherData.load(Path(f) / "train.safetensors") for f in args.extra_data.split(",") if f]
@@ -221,7 +223,7 @@ def main(argv=None) -> dict:
     accelerator.wait_for_everyone()
 
     n_params = sum(p.numel() for p in inner.parameters())
-    log({"event": "start", "args": asdict(args), "processes": world, "threads": threads, "train_sequences": len(train),
+    log({"event": "start", "args": run_arguments(args, adapter.options), "processes": world, "threads": threads, "train_sequences": len(train),
          "train_target_tokens": int(train.t["tgt_off"][-1]), "heldout_sequences": len(heldout),
          "drafter_parameters": n_params, "trainable_parameters": sum(p.numel() for p in trainable),
          "draft_vocab_size": None if draft_vocab is None else len(draft_vocab), "heldout_draft_vocab_coverage": coverage,
