@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.default_model import load_target
-from training.data import as_example, iter_json_list, render, sharegpt_path
+from training.sources import as_example, iter_json_list, render, sharegpt_path
 
 
 def texts(tokenizer, count: int, length: int) -> torch.Tensor:

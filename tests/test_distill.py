@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 from hf_specdec.errors import InputError  # noqa: E402
 from hf_specdec.cli import main as cli_main  # noqa: E402
 from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
-from training import adapters, arguments, checkpoints, distill, evaluate, layer_states, losses, medusa, token_drafters  # noqa: E402
+from training import adapters, arguments, checkpoints, distill, evaluate, layer_states, losses, medusa, prepare, sources, states, token_drafters  # noqa: E402
 from training import data as teacher_data  # noqa: E402
 from training import target as deployed  # noqa: E402
 
@@ -154,7 +154,7 @@ def trained(world, tmp_path_factory):
 # --- data ------------------------------------------------------------------------------------------------------------
 def test_dev_prompts_are_excluded_and_heldout_is_disjoint(world, trained):
     args = arguments.parse_args(cli(world, trained["out"]))[0]
-    examples, skipped = teacher_data.load_examples(args)
+    examples, skipped = sources.load_examples(args)
     assert len(examples) == 79 and "c0_0" not in {e["id"] for e in examples}
     assert skipped == {"dev prompt (excluded)": 1}
     assert world["excluded_prompt"] not in {e["messages"][-1]["content"] for e in examples}
@@ -184,7 +184,7 @@ def test_teacher_data_is_the_targets_own(world, trained):
 
 
 def test_prepared_data_is_reused(world, trained):
-    with mock.patch.object(teacher_data, "self_generate", side_effect=AssertionError("regenerated")):
+    with mock.patch.object(prepare, "self_generate", side_effect=AssertionError("regenerated")):
         summary = run_in_process(cli(world, trained["out"].parent / "again", max_steps=1, eval_every=0, save_every=0))
     assert summary["final_step"] == 1
 
@@ -466,8 +466,8 @@ def test_a_larger_set_reuses_the_parts_a_smaller_one_made(world, tmp_path):
     short last part is made again, and the result equals a fresh 20-text preparation."""
     common = dict(prepare_only=True, teacher_data="score", num_generate=0, prepare_part_size=8, heldout_prompts=2)
     run_in_process(cli(world, tmp_path / "a", data_cache_dir=tmp_path / "grown", num_score=12, **common))
-    scored, original = [], teacher_data.score_sequences
-    with mock.patch.object(teacher_data, "score_sequences", side_effect=lambda t, seqs, *a, **k: scored.append(len(seqs)) or original(t, seqs, *a, **k)):
+    scored, original = [], prepare.score_sequences
+    with mock.patch.object(prepare, "score_sequences", side_effect=lambda t, seqs, *a, **k: scored.append(len(seqs)) or original(t, seqs, *a, **k)):
         grown = run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "grown", num_score=20, **common))
     assert scored == [8, 4]  # part 1 (4 texts before, 8 now) and part 2; part 0 came from the smaller run
     fresh = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "fresh", num_score=20, **common))
@@ -485,8 +485,8 @@ def test_scoring_records_a_feature_drafters_states_in_the_same_forward(world, tm
     common = dict(prepare_only=True, teacher_data="score", num_generate=0, prepare_part_size=8, heldout_prompts=2,
                   data_cache_dir=tmp_path / "cache")
     run_in_process(cli(world, tmp_path / "a", num_score=8, **common))  # part 0, without states
-    passes, separate_pass = [], teacher_data.attach_target_features
-    with mock.patch.object(teacher_data, "attach_target_features",
+    passes, separate_pass = [], states.attach_target_features
+    with mock.patch.object(states, "attach_target_features",
                            side_effect=lambda t, data, *a, **k: passes.append(len(data)) or separate_pass(t, data, *a, **k)):
         summary = run_in_process(cli(world, tmp_path / "b", num_score=20, drafter="eagle3", target_layers="1,2,2", **common))
     assert passes == [8]  # part 0 only: parts 1 and 2 (12 texts) were scored with their states
@@ -524,7 +524,7 @@ def test_target_features_are_memory_mapped_and_a_killed_pass_continues(tmp_path)
             return forward(*args, **kwargs)
 
         with mock.patch.object(target, "forward", side_effect=flaky):
-            teacher_data.attach_target_features(target, data, folder / "f.npy", modules, False, tokens_per_batch=12,
+            prepare.attach_target_features(target, data, folder / "f.npy", modules, False, tokens_per_batch=12,
                                                 flush_every=1)
         return data, calls[0]
 
@@ -752,7 +752,7 @@ def test_a_kill_mid_write_leaves_a_loadable_run(world, tmp_path):
     assert (out / "checkpoints" / "best" / "config.json").is_file() and (out / RUN_COMPLETE).is_file()
     # killed mid-preparation: a half shard under its temporary name, no meta.json: the data is made again
     args = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache2"))[0]
-    folder = tmp_path / "cache2" / teacher_data.data_cache_key(args)
+    folder = tmp_path / "cache2" / prepare.data_cache_key(args)
     folder.mkdir(parents=True)
     (folder / "shard-0.pt.tmp").write_bytes(b"half")
     summary = run_in_process(cli(world, tmp_path / "prep", data_cache_dir=tmp_path / "cache2", prepare_only=True))
@@ -781,7 +781,7 @@ def test_bf16_runs_the_target_in_bf16_and_the_drafter_in_mixed_precision(world, 
     assert summary["final_step"] == 2 and summary["best"]["target_forwards"] > 0
     assert "bfloat16" in json.loads((out / "run_args.json").read_text())["dtype"]
     fp32 = arguments.parse_args(cli(world, out, data_cache_dir=tmp_path / "cache"))[0]
-    assert teacher_data.data_cache_key(fp32) != Path(summary["data"]["cache_folder"]).name  # its own teacher data
+    assert prepare.data_cache_key(fp32) != Path(summary["data"]["cache_folder"]).name  # its own teacher data
     target, _ = deployed.load_target(arguments.parse_args(cli(world, out, dtype="bfloat16"))[0], torch.device("cpu"))
     assert target.dtype == torch.bfloat16
 
@@ -791,8 +791,8 @@ def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_f
     loaded from the files; the target the drafter is evaluated against stays fp32."""
     teacher, judged = [], []
     spy = lambda real, seen: lambda model, *a, **k: seen.append(model.dtype) or real(model, *a, **k)  # noqa: E731
-    with mock.patch.object(teacher_data, "score_sequences", spy(teacher_data.score_sequences, teacher)), \
-            mock.patch.object(teacher_data, "self_generate", spy(teacher_data.self_generate, teacher)), \
+    with mock.patch.object(prepare, "score_sequences", spy(prepare.score_sequences, teacher)), \
+            mock.patch.object(prepare, "self_generate", spy(prepare.self_generate, teacher)), \
             mock.patch.object(distill, "evaluate", lambda acc, adapter, model, target, *a: judged.append(target.dtype)
                               or evaluate.evaluate(acc, adapter, model, target, *a)):
         summary = run_in_process(cli(world, tmp_path / "run", teacher_dtype="bfloat16", drafter="eagle3", max_steps=2,
@@ -801,7 +801,7 @@ def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_f
     assert judged and set(judged) == {torch.float32} and summary["best"]["target_forwards"] > 0
     folder = Path(summary["data"]["cache_folder"])
     assert json.loads((folder / "meta.json").read_text())["teacher_dtype"] == "bfloat16"
-    key = lambda **dtypes: teacher_data.data_cache_key(arguments.parse_args(cli(world, tmp_path, **dtypes))[0])  # noqa: E731
+    key = lambda **dtypes: prepare.data_cache_key(arguments.parse_args(cli(world, tmp_path, **dtypes))[0])  # noqa: E731
     assert folder.name == key(teacher_dtype="bfloat16") == key(dtype="bfloat16")  # same teacher numerics, same data
     assert key() == key(teacher_dtype="float32") != folder.name  # and the fp32 data keeps its own folder (and name)
 
@@ -811,7 +811,7 @@ def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_p
     and ends with exactly the data an uninterrupted preparation makes."""
     common = dict(prepare_only=True, num_generate=24, num_score=0, prepare_part_size=8)
     whole = run_in_process(cli(world, tmp_path / "a", data_cache_dir=tmp_path / "whole", **common))
-    made, original = [], teacher_data.self_generate
+    made, original = [], prepare.self_generate
 
     def killed_after_two_parts(target, tokenizer, prompts, *rest):
         if len(made) == 2 and len(prompts) == 8:
@@ -819,14 +819,14 @@ def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_p
         made.append(len(prompts))
         return original(target, tokenizer, prompts, *rest)
 
-    with mock.patch.object(teacher_data, "self_generate", side_effect=killed_after_two_parts):
+    with mock.patch.object(prepare, "self_generate", side_effect=killed_after_two_parts):
         with pytest.raises(KeyboardInterrupt):
             run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "parts", **common))
     folder = next((tmp_path / "parts" / "parts").iterdir())
     assert sorted(p.name for p in folder.glob("gen-*")) == ["gen-0-part-00000-of-8.pt", "gen-0-part-00001-of-8.pt"]
     assert not list((tmp_path / "parts").glob("*/meta.json"))
     made.clear()
-    with mock.patch.object(teacher_data, "self_generate", side_effect=lambda *a: made.append(len(a[2])) or original(*a)):
+    with mock.patch.object(prepare, "self_generate", side_effect=lambda *a: made.append(len(a[2])) or original(*a)):
         resumed = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "parts", **common))
     assert made == [8, 6]  # the third part of the 24 prompts, then the held-out prompts: nothing made twice
     assert len(list(folder.glob("gen-*-part-*"))) == 3  # merged; the parts stay, for a larger set

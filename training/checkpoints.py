@@ -8,6 +8,7 @@ import os
 import random
 import shlex
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -17,9 +18,16 @@ from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE, PushError
 
-from .arguments import Args
-from .data import SHAREGPT_HUB_ID, write_atomically
+from .arguments import Args, run_args_path
+from .sources import SHAREGPT_HUB_ID
 from .target import target_id
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A temporary name, then a rename: a kill at any moment leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class TrainState:
@@ -31,6 +39,13 @@ class TrainState:
     def __init__(self):
         self.step, self.epoch, self.batch_in_epoch, self.best, self.best_step, self.last_loss = 0, 0, 0, None, None, None
         self.scheduler = None  # the LR scheduler's state_dict (numbers only)
+
+    def advance(self, loss: float, batches_per_epoch: int, scheduler_state: dict) -> None:
+        """One step done: the next batch (the next epoch after the last one), its loss, the schedule's position."""
+        self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+        if self.batch_in_epoch == batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.last_loss, self.scheduler = loss, scheduler_state
 
     def save(self, folder: Path) -> None:
         write_atomically(folder / self.FILE, json.dumps(self.__dict__))
@@ -97,6 +112,56 @@ def load_checkpoint(accelerator, model, optimizer, state: TrainState, folder: Pa
             torch.cuda.set_rng_state(rng["cuda"])
         version, internal, gauss = json.loads((folder / f"rng-{rank}.json").read_text())
         random.setstate((version, tuple(internal), gauss))
+
+
+class RunLog:
+    """The run's JSON-lines log (training_log.jsonl), written by the main process only, each line also printed."""
+
+    def __init__(self, output_dir: Path, is_main: bool):
+        self.path, self.is_main = output_dir / "training_log.jsonl", is_main
+
+    def write(self, record: dict) -> None:
+        if self.is_main:
+            from tqdm.auto import tqdm
+
+            line = json.dumps({"time": round(time.time(), 1), **record})
+            tqdm.write(line)
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def start_output_dir(output_dir: Path, overwrite: bool, run_arguments: dict) -> None:
+    """Ready the output folder (main process): --overwrite clears the run it replaces; the run is marked in progress
+    (no RUN_COMPLETE); a best drafter killed mid-swap comes back; run_args.json records this run's arguments."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:  # nothing of the run it replaces stays
+        for name in ("checkpoints", "custom_generate"):
+            if (output_dir / name).is_dir() and (name != "custom_generate" or is_bundle(output_dir / name)):
+                shutil.rmtree(output_dir / name)
+        for name in ("training_log.jsonl", "model.safetensors", "config.json", "generation_config.json"):
+            (output_dir / name).unlink(missing_ok=True)
+    (output_dir / RUN_COMPLETE).unlink(missing_ok=True)  # written last: its absence marks a run in progress
+    best, old = output_dir / "checkpoints" / "best", output_dir / "checkpoints" / "best.old"
+    if not best.exists() and old.exists():  # killed mid-swap: the previous best drafter comes back
+        old.rename(best)
+    write_atomically(run_args_path(output_dir), json.dumps(run_arguments, indent=2))
+
+
+def resume(accelerator, model, optimizer, scheduler, state: TrainState, output_dir: Path, log: RunLog) -> str | None:
+    """Continue from the latest checkpoint (and the best drafter an eval after it may have saved); its path, or None
+    when there is none (a fresh run, said in the log)."""
+    found = latest_checkpoint(output_dir)
+    if found is None:
+        log.write({"event": "resume", "note": "no checkpoint found; starting from scratch"})
+        return None
+    load_checkpoint(accelerator, model, optimizer, state, found)
+    scheduler.load_state_dict(state.scheduler)
+    saved_best = best_folder(output_dir)
+    measured = json.loads((saved_best / "config.json").read_text()).get("measured") if saved_best else None
+    if measured and (state.best is None or measured["mean_accepted_tokens"] > state.best["mean_accepted_tokens"]):
+        state.best, state.best_step = {k: v for k, v in measured.items() if k != "step"}, measured["step"]
+    log.write({"event": "resume", "checkpoint": str(found), "step": state.step, "best_step": state.best_step})
+    return str(found)
 
 
 def best_folder(output_dir: Path) -> Path | None:

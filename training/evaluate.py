@@ -23,6 +23,14 @@ def column_map(model, vocab_size: int, device) -> torch.Tensor | None:
     return cols
 
 
+def draft_vocab_coverage(model, heldout: TeacherData) -> float | None:
+    """How often the target's held-out top-1 token lies in the drafter's reduced vocabulary (None: it has none)."""
+    draft_vocab = getattr(unwrap_drafter(model), "draft_vocab", None)
+    if draft_vocab is None or not len(heldout):
+        return None
+    return float(torch.isin(heldout.t["ids"][:, 0].long(), draft_vocab.cpu()).float().mean())
+
+
 def top1_hits(logits: torch.Tensor, tgt_ids: torch.Tensor, model) -> tuple[int, int]:
     """(drafter argmax == target argmax, tokens)."""
     pred = logits.argmax(-1)
