@@ -4,6 +4,7 @@ teacher-forced top-1 agreement beside it."""
 from __future__ import annotations
 
 import torch
+from accelerate.utils import gather_object
 
 import hf_specdec
 
@@ -66,24 +67,23 @@ def evaluate(accelerator, adapter: Adapter, model, target, tokenizer, heldout: T
                         draft_length="constant",  # acceptance at every one of the k positions
                         speculation_stats=stats)
     inner.train(was_training)
-    by_pos = lambda xs: [(xs[i] if i < len(xs) else 0) for i in range(k)]  # noqa: E731
-    local = torch.tensor([hits, total, stats.target_forwards, stats.emitted_tokens, stats.drafted_tokens,
-                          stats.accepted_tokens, *by_pos(stats.drafted_by_position), *by_pos(stats.accepted_by_position),
-                          stats.draft_seconds, stats.target_seconds], dtype=torch.float64)
-    tot = accelerator.reduce(local.to(accelerator.device), reduction="sum").cpu().tolist()
-    drafted, accepted = tot[6 : 6 + k], tot[6 + k : 6 + 2 * k]
+    everyone = hf_specdec.SpeculationStats()
+    for part in (gather_object([stats]) if world > 1 else [stats]):
+        everyone.merge(part)
+    hits, total = accelerator.reduce(torch.tensor([hits, total], dtype=torch.float64, device=accelerator.device), "sum").tolist()
+    by_position = everyone.acceptance_by_position
     return {
-        "mean_accepted_tokens": tot[3] / max(tot[2], 1),
-        "acceptance_rate": tot[5] / max(tot[4], 1),
-        "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-        "heldout_top1": tot[0] / max(tot[1], 1),
+        "mean_accepted_tokens": everyone.mean_accepted_tokens,
+        "acceptance_rate": everyone.acceptance_rate,
+        "acceptance_by_position": [by_position[i] if i < len(by_position) else 0.0 for i in range(k)],
+        "heldout_top1": hits / max(total, 1),
         "num_draft_tokens": k,
         "eval_prompts": n_prompts,
         "eval_max_new_tokens": args.eval_max_new_tokens,
-        "target_forwards": int(tot[2]),
-        "emitted_tokens": int(tot[3]),
-        "drafted_tokens": int(tot[4]),
-        "accepted_tokens": int(tot[5]),
-        "draft_ms_per_token": 1000 * tot[-2] / max(tot[4], 1),
-        "target_ms_per_forward": 1000 * tot[-1] / max(tot[2], 1),
+        "target_forwards": everyone.target_forwards,
+        "emitted_tokens": everyone.emitted_tokens,
+        "drafted_tokens": everyone.drafted_tokens,
+        "accepted_tokens": everyone.accepted_tokens,
+        "draft_ms_per_token": 1000 * everyone.draft_seconds / max(everyone.drafted_tokens, 1),
+        "target_ms_per_forward": 1000 * everyone.target_seconds / max(everyone.target_forwards, 1),
     }

@@ -68,6 +68,18 @@ class SpeculationStats:
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
 
+    def merge(self, other: "SpeculationStats") -> "SpeculationStats":
+        """Add `other`'s counts to these (e.g. the statistics of several processes); returns self."""
+        for name in ("target_forwards", "emitted_tokens", "drafted_tokens", "accepted_tokens", "uneven_steps",
+                     "draft_seconds", "target_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("drafted_by_position", "accepted_by_position", "drafted_by_row", "accepted_by_row"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine += [0] * (len(theirs) - len(mine))
+            for i, value in enumerate(theirs):
+                mine[i] += value
+        return self
+
     def as_dict(self) -> dict:
         return {
             "target_forwards": self.target_forwards,
