@@ -19,6 +19,7 @@ from pathlib import Path
 from transformers import PreTrainedConfig
 
 from .kinds import drafter_kinds, kind_of
+from .models.borrowed import bind_if_borrowing
 from .names import UnknownDrafterError, known_names
 from .shipped import shipped_folder
 
@@ -57,8 +58,7 @@ class AutoDrafter:
         model = kind.model_class.from_pretrained(source, **kwargs).eval()
         if target is not None:
             model.to(target.device)
-            if hasattr(model, "bind_target"):
-                model.bind_target(target)
+            bind_if_borrowing(model, target)
         return model
 
 

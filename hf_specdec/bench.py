@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from .drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
 from .generation.loop import speculative_generate
 from .generation.stats import SpeculationStats
+from .models.borrowed import BorrowsFromTarget
 
 
 @dataclass
@@ -74,7 +75,7 @@ def builtin_kwargs(drafter, k: int) -> dict | None:
     """transformers' own equivalent of this drafter, if it has one."""
     if type(drafter) is NgramDrafter:
         return {"prompt_lookup_num_tokens": k}
-    if type(drafter) is DraftModelDrafter and not hasattr(drafter.model, "bind_target"):
+    if type(drafter) is DraftModelDrafter and not isinstance(drafter.model, BorrowsFromTarget):
         model = drafter.model  # a drafter that borrows the target's weights is hf_specdec-only
         model.generation_config.num_assistant_tokens = k
         model.generation_config.num_assistant_tokens_schedule = "constant"

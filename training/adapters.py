@@ -31,6 +31,7 @@ import torch
 from hf_specdec.cache.hidden import final_norm
 from hf_specdec.errors import InputError
 from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of
+from hf_specdec.models.borrowed import bind_if_borrowing
 
 from .arguments import ArgumentParser
 from .losses import token_loss
@@ -118,9 +119,8 @@ class NoOptions:
 class Adapter:
     Options = NoOptions
     reads_target_features = False
-    #: whether the kind's models draft over a reduced vocabulary (`set_draft_vocab`) and are bound to the target
+    #: whether the kind's new models draft over a reduced vocabulary (`set_draft_vocab`)
     reduced_vocabulary = False
-    borrows_from_target = False
 
     def __init__(self, kind: DrafterKind, options=None):
         self.kind = kind
@@ -141,7 +141,7 @@ class Adapter:
             if size and self.reduced_vocabulary:  # FR-Spec: the kind drafts over a reduced vocabulary
                 model.set_draft_vocab(choose_draft_vocab(token_counts, size, eos))
         model.to(target.device)
-        return model.bind_target(target) if self.borrows_from_target else model
+        return bind_if_borrowing(model, target)
 
     def new(self, args, target, target_name: str, target_folder: str, draft_vocab: int):
         """A new drafter of this kind (`draft_vocab`: the reduced vocabulary's size, 0 for the full one)."""

@@ -60,7 +60,7 @@ class Eagle3Training(Adapter):
     ahead sees; the passes' losses are weighted decay**r."""
 
     Options = Eagle3Options
-    reads_target_features = reduced_vocabulary = borrows_from_target = True
+    reads_target_features = reduced_vocabulary = True
 
     def layer_ids(self, target_config, folder: str | None) -> list[int]:
         if folder is not None:

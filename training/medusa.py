@@ -27,7 +27,7 @@ class MedusaTraining(Adapter):
     """Medusa-1 heads on the target's final hidden state: head i at position j distils the target at j + 1 + i."""
 
     Options = MedusaOptions
-    reads_target_features = reduced_vocabulary = borrows_from_target = True
+    reads_target_features = reduced_vocabulary = True
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = MedusaConfig.from_target(target.config, num_heads=self.options.medusa_heads, num_layers=self.options.medusa_layers,

@@ -37,7 +37,7 @@ class TokenTraining(Adapter):
     """A new `SpecDrafterForCausalLM` that reads tokens only (initialised from the target's first layers)."""
 
     Options = TokenOptions
-    reduced_vocabulary = borrows_from_target = True
+    reduced_vocabulary = True
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         o = self.options

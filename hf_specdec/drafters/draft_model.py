@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..cache.ragged import RaggedKV
+from ..models.borrowed import bind_if_borrowing
 from .base import Drafter, Drafting, check_device
 
 
@@ -32,8 +33,7 @@ class DraftModelDrafter(Drafter):
         if self.model.config.is_encoder_decoder:
             raise ValueError("The draft model must be a decoder-only causal LM.")
         check_device(self.model, target.model, "draft model")
-        if hasattr(self.model, "bind_target"):  # drafters that borrow the target's embeddings / LM head
-            self.model.bind_target(target.model)
+        bind_if_borrowing(self.model, target.model)  # drafters that borrow the target's embeddings / LM head
         self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
         self.cached = [0] * seqs.size  # per row: how many of its tokens (a prefix) the draft cache holds
         self.fed_drafts = [0] * seqs.size  # per row: this step's drafts fed into the cache after them

@@ -26,7 +26,6 @@ import heapq
 import json
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch

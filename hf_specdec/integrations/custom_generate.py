@@ -16,6 +16,7 @@ import inspect
 
 from ..auto_drafter import HUB_KWARGS, AutoDrafter
 from ..generation.loop import speculative_generate
+from ..models.borrowed import bind_if_borrowing
 
 
 def generate(model, drafter: str | None = None, **kwargs):
@@ -29,8 +30,7 @@ def generate(model, drafter: str | None = None, **kwargs):
     hub = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}  # where to read the drafter, not generation options
     source = drafter or _custom_generate_source(model)
     assistant = _load_drafter(source, tuple(sorted(hub.items())), str(model.device), str(model.dtype))
-    if hasattr(assistant, "bind_target"):  # drafters that borrow the target's embeddings / LM head
-        assistant.bind_target(model)
+    bind_if_borrowing(assistant, model)  # drafters that borrow the target's embeddings / LM head
     return model.generate(custom_generate=speculative_generate, assistant=assistant, **kwargs)
 
 

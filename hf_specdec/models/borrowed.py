@@ -22,6 +22,20 @@ NOT_BOUND = (
 )
 
 
+class BorrowsFromTarget:
+    """A drafter model that borrows modules of its target (embeddings, LM head): `bind_target(target)` before use.
+    Loading (`AutoDrafter`), the loop and `custom_generate` bind every such model, asking this class, not its
+    attributes."""
+
+    def bind_target(self, target: PreTrainedModel):
+        raise NotImplementedError
+
+
+def bind_if_borrowing(model, target: PreTrainedModel):
+    """`model`, bound to `target` when it borrows from it."""
+    return model.bind_target(target) if isinstance(model, BorrowsFromTarget) else model
+
+
 class TargetLink:
     """The target's embedding and head modules, held outside the nn.Module tree: not parameters, not in the state
     dict, not moved by `.to()`, not broadcast by DDP, and shared (not duplicated) by `copy.deepcopy`."""

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .borrowed import NOT_BOUND, BorrowedEmbedding, TargetLink, TargetNotBoundError
+from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowsFromTarget, TargetLink, TargetNotBoundError
 from .saving import DrafterSaving
 from .spec_drafter import drafter_config_from_target
 
@@ -130,7 +130,7 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Eagle3DraftModel(DrafterSaving, PreTrainedModel):
+class Eagle3DraftModel(DrafterSaving, BorrowsFromTarget, PreTrainedModel):
     """The drafter (see the module docstring). `forward(input_ids, target_features=...)` takes per position the fused
     target state (`fuse(target_states)`) or its own previous output, and returns logits and its new hidden states."""
 

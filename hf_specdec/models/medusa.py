@@ -21,7 +21,7 @@ from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .borrowed import NOT_BOUND, BorrowedLMHead, TargetLink, TargetNotBoundError
+from .borrowed import NOT_BOUND, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
 from .saving import DrafterSaving
 
 MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
@@ -72,7 +72,7 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-class MedusaHeads(DrafterSaving, PreTrainedModel):
+class MedusaHeads(DrafterSaving, BorrowsFromTarget, PreTrainedModel):
     config: MedusaConfig
     config_class = MedusaConfig
     base_model_prefix = "medusa"

@@ -31,7 +31,7 @@ from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, TargetLink, TargetNotBoundError
+from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
 from .saving import DrafterSaving
 
 MODEL_TYPE = "hf_specdec_drafter"
@@ -159,7 +159,7 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
         return self.norm(hidden), cache
 
 
-class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, GenerationMixin):
+class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, BorrowsFromTarget, GenerationMixin):
     """A small Llama-style drafter whose input embeddings and LM head are its target's (see the module docstring)."""
 
     def __init__(self, config: SpecDrafterConfig):
