@@ -69,14 +69,69 @@ def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
     return Tree([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
 
 
+class PositionChain:
+    """Each position's top token (or a draw from its processed distribution), one after the other."""
+
+    tree = None
+
+    def default_budget(self, num_positions: int) -> int:
+        return num_positions
+
+    def check(self, target, what: str) -> None:
+        """Chains run on every target."""
+
+    def positions(self, max_tokens: int, num_positions: int) -> tuple[int, int]:
+        """(the draft budget, the positions it needs)."""
+        return max_tokens, min(max_tokens, num_positions)
+
+    def draft(self, logits: torch.Tensor, settings, seqs, max_tokens: int) -> Draft:
+        drafting = Drafting(settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
+        for i in range(logits.shape[1]):  # position i's token; rows stop at a position less confident than the threshold
+            if not drafting.step(logits[:, i]):
+                break
+        return drafting.draft()
+
+
+class PositionTree:
+    """A static tree: node (r1..rd) is the r_d-th best token of position d, verified in one forward."""
+
+    def __init__(self, paths, num_positions: int, what: str):
+        self.tree = tree_parents(paths)
+        if self.tree[0].max_depth > num_positions:
+            raise InputError(f"The tree is deeper than the {num_positions} positions {what.lower()} drafts.")
+
+    def default_budget(self, num_positions: int) -> int:
+        return self.tree[0].size  # a tree's budget is its nodes (what the verification forward's width costs)
+
+    def check(self, target, what: str) -> None:
+        check_tree_attention(target.model, f"{what}'s tree", target.cache)
+        if has_sliding_window(target.model.config):
+            raise InputError(f"{what}'s tree of candidates needs full attention in every layer (its 4-D mask would "
+                             "cross the sliding window); draft a chain (tree='chain') with this target.")
+
+    def positions(self, max_tokens: int, num_positions: int) -> tuple[int, int]:
+        budget = min(max_tokens, self.tree[0].size)
+        return budget, self.tree[0].prefix(budget).max_depth
+
+    def draft(self, logits: torch.Tensor, settings, seqs, max_tokens: int) -> Draft:
+        """The tree's first `max_tokens` nodes (a tree too)."""
+        tree, paths = self.tree
+        tree, paths = tree.prefix(max_tokens), paths[:max_tokens]
+        width = max(max(p) for p in paths) + 1
+        top = logits.topk(width, dim=-1).indices  # [B, k, width]
+        depth = torch.tensor([len(p) - 1 for p in paths], device=logits.device)
+        rank = torch.tensor([p[-1] for p in paths], device=logits.device)
+        return Draft(top[:, depth, rank], tree=tree)
+
+
 class PositionwiseDrafter(Drafter):
-    """The chain or tree drafting of a drafter that scores `num_positions` positions ahead in one forward."""
+    """The chain or tree drafting of a drafter that scores `num_positions` positions ahead in one forward: the shape
+    (`PositionChain` or `PositionTree`) is chosen once, here."""
 
     what = "A drafter"  # how errors name it
 
     def __init__(self, num_positions: int, accuracy: list | None, tree="default"):
         self.num_positions = num_positions
-        self.default_num_draft_tokens = num_positions
         if tree == "default":
             tree = len(DEFAULT_TREE) if accuracy else [p for p in DEFAULT_TREE if len(p) <= num_positions]
         if isinstance(tree, int) and not isinstance(tree, bool):
@@ -84,19 +139,17 @@ class PositionwiseDrafter(Drafter):
                 raise InputError(f"tree={tree} builds a tree from the measured accuracy of each position, which this "
                                  "drafter lacks; pass a list of paths instead, or retrain with training/distill.py.")
             tree = best_tree(accuracy, tree)
-        self.tree = None if tree == "chain" else tree_parents(tree)
-        if self.tree is not None and self.tree[0].max_depth > num_positions:
-            raise InputError(f"The tree is deeper than the {num_positions} positions {self.what.lower()} drafts.")
-        if self.tree is not None:  # a tree's budget is its nodes (what the verification forward's width costs)
-            self.default_num_draft_tokens = self.tree[0].size
+        self.shape = PositionChain() if tree == "chain" else PositionTree(tree, num_positions, self.what)
+        self.default_num_draft_tokens = self.shape.default_budget(num_positions)
+
+    @property
+    def tree(self):
+        """(the Tree, its paths) of a tree-drafting drafter; None for a chain."""
+        return self.shape.tree
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
-        if self.tree is not None:
-            check_tree_attention(target.model, f"{self.what}'s tree", target.cache)
-            if has_sliding_window(target.model.config):
-                raise InputError(f"{self.what}'s tree of candidates needs full attention in every layer (its 4-D mask "
-                                 "would cross the sliding window); draft a chain (tree='chain') with this target.")
+        self.shape.check(target, self.what)
 
     def position_logits(self, seqs, k: int) -> torch.Tensor | None:
         """[B, k, V] scores of the next k positions of every row (None: nothing to draft from yet)."""
@@ -105,32 +158,11 @@ class PositionwiseDrafter(Drafter):
     @torch.no_grad()
     def propose(self, seqs, max_tokens):
         """A chain of at most `max_tokens` positions' tokens, or the first `max_tokens` nodes of the tree."""
-        if self.tree is not None:
-            max_tokens = min(max_tokens, self.tree[0].size)
-            k = self.tree[0].prefix(max_tokens).max_depth  # the positions that tree needs
-        else:
-            k = min(max_tokens, self.num_positions)
+        budget, k = self.shape.positions(max_tokens, self.num_positions)
         logits = self.position_logits(seqs, k) if k > 0 else None
         if logits is None:
             return Draft.empty(seqs.size, seqs.ids(0).device)
-        logits = logits.float()
-        if self.tree is not None:
-            return self._tree(logits, max_tokens)
-        drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
-        for i in range(k):  # position i's token; rows stop at a position less confident than the threshold
-            if not drafting.step(logits[:, i]):
-                break
-        return drafting.draft()
-
-    def _tree(self, logits: torch.Tensor, size: int) -> Draft:
-        """The static tree's first `size` nodes (a tree too): node (r1..rd) is the r_d-th best token of position d."""
-        tree, paths = self.tree
-        tree, paths = tree.prefix(size), paths[:size]
-        width = max(max(p) for p in paths) + 1
-        top = logits.topk(width, dim=-1).indices  # [B, k, width]
-        depth = torch.tensor([len(p) - 1 for p in paths], device=logits.device)
-        rank = torch.tensor([p[-1] for p in paths], device=logits.device)
-        return Draft(top[:, depth, rank], tree=tree)
+        return self.shape.draft(logits.float(), self.settings, seqs, budget)
 
 
-__all__ = ["PositionwiseDrafter", "DEFAULT_TREE", "best_tree", "tree_parents"]
+__all__ = ["PositionwiseDrafter", "PositionChain", "PositionTree", "DEFAULT_TREE", "best_tree", "tree_parents"]
