@@ -18,29 +18,46 @@ from ..verification import Accepted, greedy, rejection_sample, typical
 MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
 
 
-@dataclass(frozen=True)
 class AcceptRule:
-    """The verification rule of a call: `greedy` and `exact` sampling keep the output exact; `typical` is Medusa's
-    lossy typical acceptance, used only when asked for. Call it with a draft and the target's processed scores."""
-
-    name: str
-    threshold: float = 0.0
-    alpha: float = 0.0
+    """The verification rule of a call, one class per rule, chosen once (`accept_rule`): called with a draft and the
+    target's processed scores, it returns the accepted path of every row."""
 
     def __call__(self, draft, scores) -> Accepted:
-        tree, valid = draft.shape, draft.valid_mask()
-        valid = None if valid is None else valid.to(scores.device)
-        if self.name == "greedy":
-            return greedy(draft.tokens, tree, scores, valid)
-        probs = scores.softmax(dim=-1)
-        if self.name == "typical":
-            return typical(draft.tokens, tree, probs, self.threshold, self.alpha, valid)
-        return rejection_sample(draft.tokens, tree, probs, draft.probs, valid)
+        valid = draft.valid_mask()
+        return self.accept(draft, draft.shape, scores, None if valid is None else valid.to(scores.device))
+
+    def accept(self, draft, tree, scores, valid) -> Accepted:
+        raise NotImplementedError
+
+
+class GreedyRule(AcceptRule):
+    """Greedy decoding: the longest path of drafts that are the target's argmax (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return greedy(draft.tokens, tree, scores, valid)
+
+
+class RejectionRule(AcceptRule):
+    """Sampling: rejection sampling against the drafter's q, recursively over siblings in a tree (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return rejection_sample(draft.tokens, tree, scores.softmax(dim=-1), draft.probs, valid)
+
+
+@dataclass(frozen=True)
+class TypicalRule(AcceptRule):
+    """Medusa's typical acceptance: lossy, used only when asked for."""
+
+    threshold: float
+    alpha: float
+
+    def accept(self, draft, tree, scores, valid):
+        return typical(draft.tokens, tree, scores.softmax(dim=-1), self.threshold, self.alpha, valid)
 
 
 def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
     if verification_mode == "exact":
-        return AcceptRule("exact" if generation_config.do_sample else "greedy")
+        return RejectionRule() if generation_config.do_sample else GreedyRule()
     if verification_mode != "typical":
         raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
     if not generation_config.do_sample:
@@ -51,7 +68,7 @@ def accept_rule(verification_mode: str, generation_config, threshold: float, alp
                          f"(got {threshold}, {alpha}).")
     warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
                   "(Medusa's typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
-    return AcceptRule("typical", float(threshold), float(alpha))
+    return TypicalRule(float(threshold), float(alpha))
 
 
 @dataclass
@@ -183,4 +200,5 @@ def validate_batch(model, generation_config, cache) -> None:
         raise InputError("Batched generation needs a pad token: set pad_token_id.")
 
 
-__all__ = ["validate", "request_for", "Request", "AcceptRule", "accept_rule", "MODEL_KWARGS_HANDLED"]
+__all__ = ["validate", "request_for", "Request", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "accept_rule",
+           "MODEL_KWARGS_HANDLED"]
