@@ -39,9 +39,17 @@ class Stopper:
 
 
 def emit(run, step) -> None:
-    """Append each row's block (cut at its stop), feed the streamer and the outputs, drop finished rows."""
-    seqs, finished = run.seqs, []
-    num_emitted = []
+    """A step's tokens out: each row's block (cut at its stop) appended, the step recorded, finished rows dropped."""
+    num_emitted, finished = append_blocks(run, step)
+    record(run, step, num_emitted)
+    run.drafter.accepted(run.seqs, step.verified)  # every row, finished ones too: what the target said still informs
+    drop_finished(run, finished)
+
+
+def append_blocks(run, step) -> tuple[list[int], list[int]]:
+    """Append each row's block up to its stop, feeding the streamer and the score outputs; returns the tokens each
+    row kept and the rows that stopped."""
+    seqs, finished, num_emitted = run.seqs, [], []
     for b, tokens in enumerate(step.tokens):
         ids = step.ids[b, : len(tokens)]
         rows = [0] + [node + 1 for node in step.paths[b]]  # the score row each token was chosen from
@@ -56,7 +64,12 @@ def emit(run, step) -> None:
             run.streamer.put(ids[:n][None].cpu())
         if stop is not None:
             finished.append(b)
-    run.stats.record_step(step.draft.depth_by_row(), step.num_accepted, num_emitted, seqs.index,
+    return num_emitted, finished
+
+
+def record(run, step, num_emitted: list[int]) -> None:
+    """The step into the call's statistics and into the draft-length policy."""
+    run.stats.record_step(step.draft.depth_by_row(), step.num_accepted, num_emitted, run.seqs.index,
                           step.draft_seconds, step.target_seconds)
     shape = step.draft.shape
     # a confidence stop is a miss at the next position: choosing a longer length bought nothing there
@@ -64,11 +77,15 @@ def emit(run, step) -> None:
     run.policy.update(StepOutcome(shape.size, [d + stopped if d else 0 for d in step.draft.depth_by_row()], step.num_accepted,
                                   step.draft_seconds, step.draft_seconds + step.target_seconds,
                                   None if shape.is_chain else step.paths))
-    run.drafter.accepted(seqs, step.verified)  # every row, finished ones too: what the target said still informs
+
+
+def drop_finished(run, finished: list[int]) -> None:
+    """Finished rows leave the batch (and stop costing work); the rest get their next uncached token."""
+    seqs = run.seqs
     keep = [b for b in range(seqs.size) if b not in finished]
     for b in finished:
         run.finished[seqs.index[b]] = seqs.full(b)
-    if finished and keep:  # finished rows leave the batch and stop costing work
+    if finished and keep:
         run.target.select_rows(keep)
         run.drafter.select_rows(keep)
     seqs.select(keep)

@@ -15,17 +15,47 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from transformers import LogitsProcessorList
+from transformers.generation.streamers import BaseStreamer
 
 from ..assistants import claim
 from ..cache.ragged import RaggedKV
 from ..cpu_matmul import routed
 from ..draft_length import policy_for_call
-from ..drafters.base import DraftSettings
+from ..draft_length import DraftLengthPolicy
+from ..drafters.base import Drafter, DraftSettings
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .step import DeviceClock, speculative_step
-from .validate import request_for, validate
+from .validate import AcceptRule, request_for, validate
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """What a call asks of speculation beyond `generate()`'s own configuration (its keyword arguments, gathered once).
+
+    assistant: a drafter name such as 'ngram' or 'distilled', a draft model, a `Drafter`, a folder or Hub id (see
+        `hf_specdec.assistants`).
+    num_draft_tokens: the most drafts per step (None: the drafter's own default).
+    speculation_stats: a `SpeculationStats` to accumulate into (None: a fresh one, returned with dict outputs).
+    draft_length: 'constant', 'adaptive' or a policy (`draft_length.py`); None: adaptive for greedy decoding of one
+        sequence, else constant; `num_draft_tokens` stays the cap.
+    fast_cpu_verify: the target's CPU matmul path for verification forwards (`cpu_matmul.py`).
+    streamer: a transformers streamer (`generate()` keeps its own `streamer=` from callables, hence this name).
+    verification: 'exact', or 'typical' (Medusa's typical acceptance with `typical_threshold` / `typical_alpha`:
+        sampling only, LOSSY).
+    """
+
+    assistant: object = None
+    num_draft_tokens: int | None = None
+    speculation_stats: SpeculationStats | None = None
+    draft_length: object = None
+    fast_cpu_verify: bool = True
+    streamer: BaseStreamer | None = None
+    verification: str = "exact"
+    typical_threshold: float = 0.09
+    typical_alpha: float = 0.3
 
 
 @dataclass
@@ -33,17 +63,17 @@ class Run:
     """One `generate()` call's decoding state."""
 
     target: RaggedKV
-    drafter: object
-    policy: object
-    rule: object
-    processors: object
+    drafter: Drafter
+    policy: DraftLengthPolicy
+    rule: AcceptRule
+    processors: LogitsProcessorList
     stopper: Stopper
     seqs: Sequences
     stats: SpeculationStats
     max_length: int
     pending: torch.Tensor  # [B, u] each row's tokens not yet in the target's cache (the prompt at first)
     pending_valid: torch.Tensor  # [B, u] host bools: which of them are real (the prompt's padding is not)
-    streamer: object = None
+    streamer: BaseStreamer | None = None
     want_scores: bool = False
     want_logits: bool = False
     scores_out: list = field(default_factory=list)
@@ -81,22 +111,19 @@ def speculative_generate(
     """Exact speculative decoding, used as `model.generate(..., custom_generate=speculative_generate, assistant=...)`.
 
     Greedy output is token-identical to plain greedy `generate()` (row by row for left-padded batches); sampled output
-    has exactly the target's distribution (after every logits processor and warper `generate()` built). Extra
-    arguments: `assistant` (a drafter name such as 'ngram' or 'distilled', a draft model, a Drafter, a folder or Hub
-    id: see `hf_specdec.assistants`), `num_draft_tokens` (max drafts per step), `speculation_stats` (a
-    `SpeculationStats` to accumulate into), `draft_length` ('constant', 'adaptive' or a policy, see `draft_length.py`;
-    default: adaptive for greedy decoding of one sequence, else constant; `num_draft_tokens` stays the cap), `fast_cpu_verify` (see `cpu_matmul`), `verification` ('exact', or 'typical':
-    Medusa's typical acceptance with `typical_threshold` / `typical_alpha`, sampling only, LOSSY).
+    has exactly the target's distribution (after every logits processor and warper `generate()` built). The keyword
+    arguments after `synced_gpus` are `SpeculationOptions`' (named here, since `generate()` hands a callable only the
+    arguments its signature names; `hf_specdec_streamer` is `SpeculationOptions.streamer`).
     """
+    options = SpeculationOptions(assistant, num_draft_tokens, speculation_stats, draft_length, fast_cpu_verify,
+                                 hf_specdec_streamer, verification, typical_threshold, typical_alpha)
     # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
-    rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, assistant, num_draft_tokens,
-                    verification, typical_threshold, typical_alpha)
+    rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, options)
     with claim(assistant, model) as drafter:  # a name's drafter is kept with the target; this call holds it
         request = request_for(model, model_kwargs, drafter, num_draft_tokens, rule)
         # 2. Set up the rows, the target's ragged cache and the drafter.
         run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter,
-                     model_kwargs.get("attention_mask"), speculation_stats, draft_length, fast_cpu_verify,
-                     hf_specdec_streamer, assistant)
+                     model_kwargs.get("attention_mask"), options)
         # 3. Decode: a step drafts, verifies and accepts for every row; emit appends what each row keeps.
         with routed(model, run.target.fast):  # the target's CPU matmul path, for this call (cpu_matmul.py)
             while run.seqs.size:
@@ -105,27 +132,28 @@ def speculative_generate(
         return finish(run, generation_config, request.cache, input_ids.shape[0])
 
 
-def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter, attention_mask,
-           stats, draft_length, fast_cpu_verify, streamer, assistant) -> Run:
+def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter: Drafter,
+           attention_mask, options: SpeculationOptions) -> Run:
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     # what "adaptive" learns is kept per drafter: a name's, kept with the target, or the object the caller passed
-    learner = drafter if isinstance(assistant, str) else assistant
-    policy = policy_for_call(draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample))
+    learner = drafter if isinstance(options.assistant, str) else options.assistant
+    policy = policy_for_call(options.draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample))
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
-    target = RaggedKV(model, request.cache, input_ids.shape[0], fast_cpu_verify)
+    target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
                              policy.confidence_threshold)
     drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
+    if options.streamer is not None:
+        options.streamer.put(input_ids.cpu())
     want = generation_config.return_dict_in_generate
-    run = Run(target, drafter, policy, request.rule, logits_processor,
-              Stopper(stopping_criteria, generation_config.max_length), seqs,
-              stats if stats is not None else SpeculationStats(), generation_config.max_length, input_ids,
-              seqs.prompt_mask.clone(), streamer, want and bool(generation_config.output_scores),
-              want and bool(generation_config.output_logits))
+    run = Run(target=target, drafter=drafter, policy=policy, rule=request.rule, processors=logits_processor,
+              stopper=Stopper(stopping_criteria, generation_config.max_length), seqs=seqs,
+              stats=options.speculation_stats if options.speculation_stats is not None else SpeculationStats(),
+              max_length=generation_config.max_length, pending=input_ids, pending_valid=seqs.prompt_mask.clone(),
+              streamer=options.streamer, want_scores=want and bool(generation_config.output_scores),
+              want_logits=want and bool(generation_config.output_logits))
     if input_ids.shape[1] >= run.max_length:  # nothing to generate, as in plain decoding
         run.finished = dict(enumerate(input_ids))
         seqs.select([])
@@ -150,4 +178,4 @@ def finish(run: Run, generation_config, cache, batch_size: int):
     )
 
 
-__all__ = ["speculative_generate", "Run"]
+__all__ = ["speculative_generate", "SpeculationOptions", "Run"]

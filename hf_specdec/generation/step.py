@@ -83,8 +83,6 @@ def committed_hidden(hidden: torch.Tensor, kept: list[list[int]]) -> tuple[torch
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1])), counts
 
 
-__all__ = ["speculative_step", "Step"]
-
 
 class DeviceClock:
     """A step's timestamps on the device's own timeline: CUDA events on a GPU, the host clock elsewhere.
@@ -104,3 +102,6 @@ class DeviceClock:
 
     def seconds(self, start, end) -> float:
         return start.elapsed_time(end) / 1000 if self.cuda else end - start
+
+
+__all__ = ["speculative_step", "Step", "DeviceClock"]

@@ -80,9 +80,10 @@ class Request:
     cache: object
 
 
-def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpus: bool, assistant,
-             num_draft_tokens, verification_mode: str, typical_threshold: float, typical_alpha: float) -> AcceptRule:
-    """Every check of the call itself, before the drafter is built or loaded; the call's acceptance rule."""
+def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpus: bool, options) -> AcceptRule:
+    """Every check of the call itself (`options`: its `SpeculationOptions`), before the drafter is built or loaded;
+    the call's acceptance rule."""
+    assistant, num_draft_tokens = options.assistant, options.num_draft_tokens
     if assistant is None:
         raise InputError("Speculative decoding needs a drafter: pass `assistant=` (a draft model, 'ngram', a Drafter).")
     if model.config.is_encoder_decoder:
@@ -108,7 +109,7 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
         raise InputError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
     if input_ids.shape[0] > 1:
         validate_batch(model, generation_config, model_kwargs.get("cache"))
-    return accept_rule(verification_mode, generation_config, typical_threshold, typical_alpha)
+    return accept_rule(options.verification, generation_config, options.typical_threshold, options.typical_alpha)
 
 
 def check_architecture(model) -> None:
