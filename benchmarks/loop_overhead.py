@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import time
@@ -82,6 +83,83 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     return row
 
 
+class PhaseTimer:
+    """Host seconds spent inside wrapped functions, by phase (a wrapper costs about a microsecond per call)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner, name: str, phase: str):
+        original = getattr(owner, name)
+
+        @functools.wraps(original)  # (generate() reads a custom_generate callable's signature)
+        def timed_call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed_call)
+        return original
+
+
+def phases(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
+    """Where an hf_specdec step's time goes: ms per step in the drafter's forwards, the rest of drafting, the target's
+    verification forward, the rest of verifying (processors, the rule, the cache's roll-back), and the loop's own
+    bookkeeping (everything else: the step's host transfer, emitting, statistics, the policy)."""
+    import hf_specdec.generation.loop as loop_module
+    import hf_specdec.generation.step as step_module
+    from hf_specdec.cache.ragged import RaggedKV
+    from hf_specdec.drafters.draft_model import DraftModelDrafter
+    from hf_specdec.generation.validate import AcceptRule
+
+    target = tiny_target()
+    drafter = copy.deepcopy(target)
+    prompt = torch.randint(2, 256, (batch, 16), generator=torch.Generator().manual_seed(batch))
+    common = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    timer, hooks, forward_start = PhaseTimer(), [], {}
+
+    def before(module, args, kwargs):
+        forward_start[id(module)] = time.perf_counter()
+
+    def after(module, args, kwargs, output):
+        phase = "target forward" if module is target else "drafter forwards"
+        timer.seconds[phase] = timer.seconds.get(phase, 0.0) + time.perf_counter() - forward_start[id(module)]
+
+    for model in (target, drafter):
+        hooks += [model.register_forward_pre_hook(before, with_kwargs=True),
+                  model.register_forward_hook(after, with_kwargs=True)]
+    originals = [(DraftModelDrafter, "propose", timer.wrap(DraftModelDrafter, "propose", "draft")),
+                 (step_module, "process_block", timer.wrap(step_module, "process_block", "accept")),
+                 (RaggedKV, "keep", timer.wrap(RaggedKV, "keep", "accept")),
+                 (AcceptRule, "__call__", timer.wrap(AcceptRule, "__call__", "accept")),
+                 (loop_module, "speculative_step", timer.wrap(loop_module, "speculative_step", "step")),
+                 (loop_module, "emit", timer.wrap(loop_module, "emit", "emit")),
+                 (loop_module, "speculative_generate", timer.wrap(loop_module, "speculative_generate", "call"))]
+    try:
+        run = lambda: target.generate(prompt, custom_generate=loop_module.speculative_generate, assistant=drafter,  # noqa: E731
+                                      num_draft_tokens=k, **common, draft_length="constant")
+        run()  # warm-up
+        timer.seconds.clear()
+        steps = 0
+        for _ in range(repeats):
+            steps += count_forwards(target, run)
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+        for hook in hooks:
+            hook.remove()
+    t = {name: 1000 * value / steps for name, value in timer.seconds.items()}
+    draft_other = t.get("draft", 0) - t.get("drafter forwards", 0)
+    verify_other = t["step"] - t.get("draft", 0) - t.get("target forward", 0) - t.get("accept", 0)
+    return {"batch": batch, "ms_per_step": t["call"], "drafter forwards": t.get("drafter forwards", 0),
+            "drafting, the rest": draft_other, "target forward": t.get("target forward", 0),
+            "accept (processors, rule, cache roll-back)": t.get("accept", 0),
+            "step bookkeeping (verify call, host transfer)": verify_other, "emit (append, stats, policy, drop rows)": t["emit"],
+            "call set-up and finish": t["call"] - t["step"] - t["emit"]}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-sizes", default="1,8")
@@ -108,8 +186,17 @@ def main(argv=None) -> None:
         print(f"\nhost reads per step at batch {r['batch']}:")
         for place, n in r["host_reads_by_line"].items():
             print(f"  {n:5.2f}  {place}")
+    breakdown = [phases(int(b), args.k, args.new_tokens, max(3, args.repeats // 3)) for b in args.batch_sizes.split(",")]
+    names = [n for n in breakdown[0] if n not in ("batch",)]
+    print("\nhf_specdec's step by phase, ms per step (timers around each phase; the drafter is a copy of the target):")
+    print("| phase | " + " | ".join(f"batch {r['batch']}" for r in breakdown) + " |")
+    print("|---|" + "---|" * len(breakdown))
+    for name in names:
+        print(f"| {name} | " + " | ".join(f"{r[name]:.2f}" for r in breakdown) + " |")
     if args.json:
         from pathlib import Path
+
+        rows = [{**r, "phases": b} for r, b in zip(rows, breakdown)]
 
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": rows}, indent=2))
