@@ -12,8 +12,8 @@ data, build the drafter, train, evaluate through the real decoding loop, checkpo
   arguments.py    the arguments (one dataclass, `HfArgumentParser`) and the output-folder rules (--resume, --overwrite)
   target.py       the target as deployed (fp32/bf16, bitsandbytes 8/4-bit) and its top-K
   sources.py      the conversations (ShareGPT, JSON lines, datasets), with the dev prompts kept out
-  prepare.py      teacher data (the target's own answers and/or the target scoring existing turns), cached on disk;
-                  runnable on its own (= --prepare-only)
+  prepare.py      teacher data (the target's own answers and/or the target scoring existing turns), cached on disk
+                  (--prepare-only makes it and stops)
   data.py         the teacher data's files and the training batches
   adapters.py     the interface of a kind's training (build, feed, score) and its own options; the built-in kinds'
                   adapters in token_drafters.py, layer_states.py and medusa.py (named by each kind's registration)

@@ -1,8 +1,8 @@
 """Prepare the teacher data: the target's own greedy answers and/or the target scoring existing assistant turns, per
 token its top-K log-probs (and, for feature drafters, the hidden states they read, recorded by the scoring forward
-itself), in resumable parts, cached on disk under a key of everything they depend on.
+itself), in resumable parts, cached on disk under a key of everything they depend on. On its own:
 
-    python training/prepare.py --drafter eagle3 --teacher-data generate --num-generate 1024   # (= distill.py --prepare-only)
+    python training/distill.py --prepare-only --drafter eagle3 --teacher-data generate --num-generate 1024
 """
 
 from __future__ import annotations
@@ -13,14 +13,9 @@ import itertools
 import json
 import os
 import random
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-
-if not __package__:  # run as a file: its folder is the `training` package (as distill.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "training"
 
 import torch
 from tqdm.auto import tqdm
@@ -290,17 +285,3 @@ def load_teacher_data(args: Args, accelerator, adapter, teacher, tokenizer, cont
         train.meta = {**full.meta, "train_records": len(train), "train_target_tokens": int(train.t["tgt_off"][-1]),
                       "subset_of": {"records": len(full), "target_tokens": int(full.t["tgt_off"][-1])}}
     return train, heldout
-
-
-def main(argv=None) -> dict:
-    """`distill.py ... --prepare-only`: the teacher data a run with these arguments would train on, and its meta."""
-    from . import distill
-
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    return distill.main(argv + ["--prepare-only"])
-
-
-if __name__ == "__main__":
-    from .distill import run_command
-
-    run_command(main)
