@@ -155,11 +155,45 @@ def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: floa
     `prompts` (greedy, 40 tokens unless `generate_kwargs` say otherwise), fed as decoding feeds it: right often, wrong
     often, at the first draft and (less) at the later ones, where it reads its own states. `draft_vocab`: the target
     ids it may propose (default: all)."""
-    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
     torch.manual_seed(seed)
     size = 0 if draft_vocab is None else len(draft_vocab)
     config = Eagle3Config.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids, initializer_range=0.3)
     drafter = Eagle3DraftModel(config).eval()  # (a loud layer: what it drafts second differs from what it drafts first)
+
+    def readings(seq, shifted):  # position j reads the state at j - 1 and predicts the token at j + 1
+        out = drafter(input_ids=seq, target_features=shifted, use_cache=False).hidden_states[0]
+        return drafter.norm(out[0, :-1]), seq[0, 1:]
+
+    return fit_lm_head(drafter, target, prompts, readings, draft_vocab, fc_scale, ridge, sharpness, generate_kwargs)
+
+
+@torch.no_grad()
+def fitted_block(target, prompts, block_size: int = 3, layer_ids=None, draft_vocab=None, ridge: float = 1e-3,
+                 sharpness: float = 8.0, fc_scale: float = 0.5, seed: int = 0, **generate_kwargs) -> BlockDrafterModel:
+    """A block drafter with a random layer and a loud `fc`, whose LM head is fitted by least squares to the tokens
+    1..block_size after each position of the target's continuations of `prompts` (greedy, 40 tokens unless
+    `generate_kwargs` say otherwise), each read where decoding reads it (the newest token's position, then the mask
+    positions after it): right often, wrong often, at every position of the block."""
+    torch.manual_seed(seed)
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids,
+                                            block_size=block_size, initializer_range=0.3)
+    drafter = BlockDrafterModel(config).eval()
+
+    def readings(seq, shifted):  # every position as the newest token, its block's masks after it
+        out, predicts = drafter.forward_blocks(seq, shifted, torch.arange(seq.shape[1] - 1)[None])
+        keep = predicts[0] < seq.shape[1] - 1  # the token it predicts is in the sequence
+        return drafter.norm(out.hidden_states[0][0, keep]), seq[0, predicts[0, keep] + 1]
+
+    return fit_lm_head(drafter, target, prompts, readings, draft_vocab, fc_scale, ridge, sharpness, generate_kwargs)
+
+
+def fit_lm_head(drafter, target, prompts, readings, draft_vocab, fc_scale: float, ridge: float, sharpness: float,
+                generate_kwargs: dict):
+    """Bind `drafter` (a fused-states drafter), make its `fc` loud, and fit its LM head by least squares to what
+    `readings(seq, shifted fused states)` pairs: its normed outputs and the target tokens they should predict, over
+    the target's continuations of `prompts`."""
+    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
     drafter.fc.weight.normal_(0, fc_scale)
@@ -176,50 +210,9 @@ def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: floa
             hook.remove()
         states = drafter.fuse(torch.cat(captured, dim=-1))
         shifted = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # position j reads the state at j - 1
-        out = drafter(input_ids=seq, target_features=shifted, use_cache=False).hidden_states[0]
-        inputs.append(drafter.norm(out[0, :-1]))
-        nexts.append(seq[0, 1:])
-    x = torch.cat(inputs)
-    onehot = torch.nn.functional.one_hot(torch.cat(nexts), drafter.config.vocab_size).float()[:, drafter.draft_vocab]
-    gram = x.T @ x + ridge * torch.eye(x.shape[1])
-    drafter.lm_head.weight.copy_(sharpness * torch.linalg.solve(gram, x.T @ onehot).T)
-    return drafter
-
-
-@torch.no_grad()
-def fitted_block(target, prompts, block_size: int = 3, layer_ids=None, draft_vocab=None, ridge: float = 1e-3,
-                 sharpness: float = 8.0, fc_scale: float = 0.5, seed: int = 0, **generate_kwargs) -> BlockDrafterModel:
-    """A block drafter with a random layer and a loud `fc`, whose LM head is fitted by least squares to the tokens
-    1..block_size after each position of the target's continuations of `prompts` (greedy, 40 tokens unless
-    `generate_kwargs` say otherwise), each read where decoding reads it (the newest token's position, then the mask
-    positions after it): right often, wrong often, at every position of the block."""
-    generate_kwargs = {"do_sample": False, "max_new_tokens": 40, **generate_kwargs}
-    torch.manual_seed(seed)
-    size = 0 if draft_vocab is None else len(draft_vocab)
-    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids,
-                                            block_size=block_size, initializer_range=0.3)
-    drafter = BlockDrafterModel(config).eval()
-    if draft_vocab is not None:
-        drafter.set_draft_vocab(draft_vocab)
-    drafter.fc.weight.normal_(0, fc_scale)
-    drafter.bind_target(target)
-    modules = entering_layers(target, drafter.config.target_layer_ids)
-    inputs, nexts = [], []
-    for prompt in prompts:
-        seq = target.generate(prompt, **generate_kwargs)
-        captured = [None] * len(modules)
-        hooks = [m.register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
-                 for i, m in enumerate(modules)]
-        target(seq)
-        for hook in hooks:
-            hook.remove()
-        states = drafter.fuse(torch.cat(captured, dim=-1))
-        shifted = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
-        anchors = torch.arange(seq.shape[1] - 1)[None]  # every position as the newest token
-        out, predicts = drafter.forward_blocks(seq, shifted, anchors)
-        keep = predicts[0] < seq.shape[1] - 1  # the token it predicts is in the sequence
-        inputs.append(drafter.norm(out.hidden_states[0][0, keep]))
-        nexts.append(seq[0, predicts[0, keep] + 1])
+        x, y = readings(seq, shifted)
+        inputs.append(x)
+        nexts.append(y)
     x = torch.cat(inputs)
     onehot = torch.nn.functional.one_hot(torch.cat(nexts), drafter.config.vocab_size).float()[:, drafter.draft_vocab]
     gram = x.T @ x + ridge * torch.eye(x.shape[1])
