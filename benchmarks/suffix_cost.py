@@ -61,7 +61,7 @@ def main(argv=None) -> None:
 
     from hf_specdec.default_model import default_target_files
     from hf_specdec.drafters.ngram import NgramIndex
-    from hf_specdec.drafters.suffix import SuffixDrafter, SuffixIndex
+    from hf_specdec.drafters.suffix import SuffixDrafter, SuffixIndex, SuffixTree
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_files())
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
         index.add(*chosen)  # one merge: the build a call's end pays at most
         build = time.perf_counter() - t0
         drafter = SuffixDrafter(index=index)
-        drafter.trees = True
+        drafter.shape = SuffixTree()
         times, nodes = [], []
         for step in range(args.steps):
             doc = held_out[step % len(held_out)]

@@ -327,8 +327,9 @@ class SuffixDrafter(Drafter):
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
         model = target.model
-        self.trees = (seqs.size == 1 and takes_4d_masks(model) and not has_sliding_window(model.config)
-                      and not mixes_slots(target.cache))
+        trees = (seqs.size == 1 and takes_4d_masks(model) and not has_sliding_window(model.config)
+                 and not mixes_slots(target.cache))
+        self.shape = SuffixTree() if trees else SuffixChains()
         self.sequences = [NgramIndex(1, self.max_ngram, count=True) for _ in range(seqs.size)]
         self.rows = [seqs.tokens(b) for b in range(seqs.size)]  # the rows' own host lists: they grow in place
 
@@ -339,24 +340,12 @@ class SuffixDrafter(Drafter):
             context = seqs.tokens(b)
             sequence.extend(context[len(sequence) :])
             best, best_score = [], 0.0
-            # a chain is a tree's likeliest path: grow a wider tree to find it deep enough
-            budget = max_tokens if self.trees else max_tokens * 8
             for source in [_SequenceSource(sequence), *map(_CorpusSource, arrays)]:
-                nodes, score = _grow(source, context, budget, self.min_probability, self.max_depth)
+                nodes, score = _grow(source, context, self.shape.budget(max_tokens), self.min_probability, self.max_depth)
                 if score > best_score:
                     best, best_score = nodes, score
             trees.append(best)
-        device = seqs.ids(0).device
-        if self.trees:
-            (nodes,) = trees
-            if not nodes:
-                return Draft.empty(1, device)
-            tokens = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device)
-            return Draft(tokens, tree=Tree([n.parent for n in nodes]))
-        chains = [_likeliest_path(nodes)[:max_tokens] for nodes in trees]
-        width = max(len(c) for c in chains)
-        tokens = torch.tensor([c + [0] * (width - len(c)) for c in chains], dtype=torch.long)
-        return Draft(tokens.to(device), None, [len(c) for c in chains])
+        return self.shape.draft(trees, max_tokens, seqs.ids(0).device)
 
     def select_rows(self, rows):
         """Rows that leave the batch have finished: their sequences join the index."""
@@ -369,6 +358,33 @@ class SuffixDrafter(Drafter):
         """The call is over: the rows still held join the index."""
         self.index.add(*self.rows)
         self.rows, self.sequences = [], []
+
+
+class SuffixTree:
+    """One row, a target that takes tree masks: the grown tree itself is the draft."""
+
+    def budget(self, max_tokens: int) -> int:
+        return max_tokens
+
+    def draft(self, trees: list[list[_Node]], max_tokens: int, device) -> Draft:
+        (nodes,) = trees
+        if not nodes:
+            return Draft.empty(1, device)
+        tokens = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device)
+        return Draft(tokens, tree=Tree([n.parent for n in nodes]))
+
+
+class SuffixChains:
+    """Batches, or targets that cannot verify trees: each row's likeliest path, a chain."""
+
+    def budget(self, max_tokens: int) -> int:
+        return max_tokens * 8  # a chain is a tree's likeliest path: grow a wider tree to find it deep enough
+
+    def draft(self, trees: list[list[_Node]], max_tokens: int, device) -> Draft:
+        chains = [_likeliest_path(nodes)[:max_tokens] for nodes in trees]
+        width = max(len(c) for c in chains)
+        tokens = torch.tensor([c + [0] * (width - len(c)) for c in chains], dtype=torch.long)
+        return Draft(tokens.to(device), None, [len(c) for c in chains])
 
 
 def _likeliest_path(nodes: list[_Node]) -> list[int]:
