@@ -3,7 +3,7 @@
 # to 512 ShareGPT prompts (fp32: the bf16 copy generates slower on a CPU), with the states entering layers 2, 15 and
 # 27; then the block drafter, the EAGLE-3-style drafter and the token-only drafter trained on them for the same
 # time (HOURS, default 0.15 h each), each measured by its final eval through the real loop; then all of them on the
-# first 10 dev prompts beside plain decoding, n-gram lookup and the default, alone and behind n-gram lookup.
+# first 6 dev prompts beside plain decoding, n-gram lookup and the default, alone and behind n-gram lookup.
 # Every run resumes (--resume): run it again to continue them for another HOURS (the long run's sittings).
 #   bash benchmarks/block_equal_time.sh
 set -euo pipefail
@@ -17,6 +17,6 @@ for kind in block eagle3 new; do
     --save-every 50 --eval-max-new-tokens 64 --output-dir "$RUNS/eq-$kind" --resume
 done
 b="$RUNS/eq-block" e="$RUNS/eq-eagle3" t="$RUNS/eq-new"
-hf-specdec bench --target default --assistant "ngram,default,$b,$e,$t,ngram+$b,ngram+$e" --prompts dev \
-  --num-prompts 10 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 \
+hf-specdec bench --target default --assistant "ngram,default,$b,$e,$t,ngram+$b" --prompts dev \
+  --num-prompts 6 --max-new-tokens 128 --num-draft-tokens 5 --threads 2 \
   --json benchmarks/results/block_equal_time.json
