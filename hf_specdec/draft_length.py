@@ -62,6 +62,93 @@ class ConstantDraftLength(DraftLengthPolicy):
 
 
 @dataclass
+class ChainAcceptance:
+    """a_i by chain position, from the accepted prefixes of chain steps (drafts of a draft model, n-gram lookup...)."""
+
+    decay: float = 0.95
+    # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
+    # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
+    # (None: after a plain step, which says nothing about what comes next: both states' pooled counts apply)
+    accepted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
+    drafted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
+    in_run: bool | None = None
+
+    def record(self, outcome: StepOutcome) -> None:
+        self.record_prefixes(outcome.num_tried, outcome.num_accepted)
+
+    def record_prefixes(self, num_tried: int | list[int], num_accepted: int | list[int]) -> None:
+        """The positions a step tried (its drafts, plus one when the drafter stopped on low confidence, which counts
+        as a miss: a_i must be what choosing a length i yields, not the acceptance of confident drafts alone) and how
+        many of them the target accepted; per row in a batch (each row is a trial: tokens per second count them all)."""
+        rows = [(d, a) for d, a in zip(*(x if isinstance(x, list) else [x] for x in (num_tried, num_accepted))) if d]
+        if not rows:
+            self.in_run = None
+            return
+        drafted, accepted = self.drafted[self.in_run], self.accepted[self.in_run]
+        while len(drafted) < max(d for d, _ in rows):
+            drafted.append(0.0)
+            accepted.append(0.0)
+        # Only the positions this step tried age: a position tried rarely keeps what its trials showed, instead of
+        # fading into the prior and looking as good as position 1 (which would draw the policy to it).
+        for tried, ok in rows:
+            for i in range(min(tried, ok + 1)):  # positions past the first rejection were not tried
+                drafted[i] = self.decay * drafted[i] + 1
+                accepted[i] = self.decay * accepted[i] + int(i < ok)
+        self.in_run = all(a == d for d, a in rows)
+
+    def expected(self, cap: int) -> list[float]:
+        """E(k) for k = 0..cap in the current state (after a fully accepted step, a rejection, or a plain step, which
+        uses the pooled counts alone). a_i is the state's own count pulled (two pseudo-steps) towards both states'
+        pooled estimate, which in turn falls back (one pseudo-step) on the previous position's: positions rarely
+        tried borrow from their neighbours, not from an optimistic guess."""
+        expected, reach, pooled = [1.0], 1.0, 0.5
+        for i in range(cap):
+            own_d, own_a, all_d, all_a = 0.0, 0.0, 0.0, 0.0
+            for state in (True, False, None):
+                d, a = self.drafted[state], self.accepted[state]
+                if i < len(d):
+                    all_d, all_a = all_d + d[i], all_a + a[i]
+                    if state is self.in_run and state is not None:
+                        own_d, own_a = d[i], a[i]
+            pooled = (all_a + pooled) / (all_d + 1)
+            reach *= (own_a + 2 * pooled) / (own_d + 2)
+            expected.append(expected[-1] + reach)
+        return expected
+
+
+@dataclass
+class TreeAcceptance:
+    """How often each node of a tree step (the tree's node order, likeliest first) is on the accepted path: a tree
+    drafter's budget is its number of nodes."""
+
+    decay: float = 0.95
+    verified: list = field(default_factory=list)  # decayed counts per node of being verified ...
+    accepted: list = field(default_factory=list)  # ... and accepted
+
+    def record(self, outcome: StepOutcome) -> None:
+        size = outcome.num_drafted
+        grow = size - len(self.verified)
+        self.verified += [0.0] * grow
+        self.accepted += [0.0] * grow
+        for path in outcome.tree_paths:
+            on_path = set(path)
+            for i in range(size):
+                self.verified[i] = self.decay * self.verified[i] + 1
+                self.accepted[i] = self.decay * self.accepted[i] + (i in on_path)
+
+    def expected(self, cap: int) -> list[float]:
+        """E(n) for n = 0..cap nodes: 1 + the chance of each of the first n nodes to be on the accepted path (a node
+        seldom verified borrows from half its parent-in-order's estimate, an optimistic guess a wider tree will test)."""
+        expected, previous = [1.0], 0.5
+        for i in range(cap):
+            seen, hits = (self.verified[i], self.accepted[i]) if i < len(self.verified) else (0.0, 0.0)
+            p = (hits + previous) / (seen + 1)
+            expected.append(expected[-1] + p)
+            previous = 0.5 * p
+        return expected
+
+
+@dataclass
 class AdaptiveDraftLength(DraftLengthPolicy):
     """The draft length with the most expected tokens per second, from measured acceptance and step costs."""
 
@@ -74,12 +161,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     explore_margin: float = 0.05
     #: a plain step (k = 0) is chosen only when estimated this much faster than the best drafting length
     plain_margin: float = 0.1
-    # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
-    # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
-    # (None: after a plain step, which says nothing about what comes next: both states' pooled counts apply)
-    accepted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
-    drafted: dict = field(default_factory=lambda: {True: [], False: [], None: []})
-    in_run: bool | None = None
     # what a step verifying n tokens costs now: `level` (how fast the machine runs at present: it moves with every step)
     # times `shape[n]` (the width's cost relative to that level: it moves only when that width is measured), so that a
     # width not tried for a while is still priced at today's speed
@@ -89,11 +170,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     level: float | None = None
     draft_seconds_per_token: float | None = None
     steps: int = 0
-    # trees: decayed counts per node (the tree's node order, likeliest first) of being verified and accepted, and
-    # whether the last step was a tree (a tree drafter's budget is its number of nodes)
-    node_verified: list = field(default_factory=list)
-    node_accepted: list = field(default_factory=list)
-    trees: bool = False
+
+    def __post_init__(self):
+        self.chain, self.tree = ChainAcceptance(self.decay), TreeAcceptance(self.decay)
+        self.acceptance = self.chain  # the estimator of the kind of step last taken (a fallback drafter mixes them)
 
     def start(self, cap: int) -> None:
         self.cap = cap
@@ -105,7 +185,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self.cap  # nothing measured yet: learn acceptance first
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
-        expected = self.expected_tree_tokens() if self.trees else self.expected_tokens()
+        expected = self.acceptance.expected(self.cap)
         rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
         best = max(range(1, self.cap + 1), key=rate.__getitem__)
         # A plain step only when clearly better: it is not as cheap as it looks, since a drafter with a cache of its
@@ -122,60 +202,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return best
 
     def update(self, outcome: StepOutcome) -> None:
-        self.trees = outcome.tree_paths is not None
-        if self.trees:
-            self.record_tree(outcome.num_drafted, outcome.tree_paths)
-        else:
-            self.record_acceptance(outcome.num_tried, outcome.num_accepted)
+        self.acceptance = self.chain if outcome.tree_paths is None else self.tree
+        self.acceptance.record(outcome)
         tried = outcome.num_tried
         self.record_costs(outcome.num_drafted, outcome.draft_seconds, outcome.step_seconds - outcome.draft_seconds,
                           num_tried=max(tried, default=0) if isinstance(tried, list) else tried)
 
-    def record_tree(self, size: int, paths: list[list[int]]) -> None:
-        """A tree step of `size` nodes and each row's accepted nodes: how often each node is on the accepted path."""
-        grow = size - len(self.node_verified)
-        self.node_verified += [0.0] * grow
-        self.node_accepted += [0.0] * grow
-        for path in paths:
-            on_path = set(path)
-            for i in range(size):
-                self.node_verified[i] = self.decay * self.node_verified[i] + 1
-                self.node_accepted[i] = self.decay * self.node_accepted[i] + (i in on_path)
-
-    def expected_tree_tokens(self) -> list[float]:
-        """E(n) for n = 0..cap nodes: 1 + the chance of each of the first n nodes to be on the accepted path (a node
-        seldom verified borrows from half its parent-in-order's estimate, an optimistic guess a wider tree will test)."""
-        expected, previous = [1.0], 0.5
-        for i in range(self.cap):
-            seen, hits = (self.node_verified[i], self.node_accepted[i]) if i < len(self.node_verified) else (0.0, 0.0)
-            p = (hits + previous) / (seen + 1)
-            expected.append(expected[-1] + p)
-            previous = 0.5 * p
-        return expected
-
-    def record_acceptance(self, num_drafted: int | list[int], num_accepted: int | list[int]) -> None:
-        """The positions a step tried (its drafts, plus one when the drafter stopped on low confidence, which counts
-        as a miss: a_i must be what choosing a length i yields, not the acceptance of confident drafts alone) and how
-        many of them the target accepted; per row in a batch (each row is a trial: tokens per second count them all)."""
-        rows = [(d, a) for d, a in zip(*(x if isinstance(x, list) else [x] for x in (num_drafted, num_accepted))) if d]
-        if not rows:
-            self.in_run = None
-            return
-        drafted, accepted = self.drafted[self.in_run], self.accepted[self.in_run]
-        while len(drafted) < max(d for d, _ in rows):
-            drafted.append(0.0)
-            accepted.append(0.0)
-        # Only the positions this step tried age: a position tried rarely keeps what its trials showed, instead of
-        # fading into the prior and looking as good as position 1 (which would draw the policy to it).
-        for num_tried, num_ok in rows:
-            for i in range(min(num_tried, num_ok + 1)):  # positions past the first rejection were not tried
-                drafted[i] = self.decay * drafted[i] + 1
-                accepted[i] = self.decay * accepted[i] + int(i < num_ok)
-        self.in_run = all(a == d for d, a in rows)
-
     def record_costs(self, num_drafted: int, draft_seconds: float, verify_seconds: float, num_tried: int | None = None) -> None:
         """A step's drafting time, and the rest (verification forward, acceptance, cache roll-back and bookkeeping).
-        `num_tried` counts a confidence stop's extra drafter pass (see `record_acceptance`)."""
+        `num_tried` counts a confidence stop's extra drafter pass (see `ChainAcceptance.record_prefixes`)."""
         first, self.first_step = self.first_step, False
         if not first:  # the first step's forward also reads the prompt: its verification time says nothing
             n = num_drafted + 1
@@ -198,25 +233,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             per_token = draft_seconds / tried
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
-
-    def expected_tokens(self) -> list[float]:
-        """E(k) for k = 0..cap in the current state (after a fully accepted step, a rejection, or a plain step, which
-        uses the pooled counts alone). a_i is the state's own count
-        pulled (two pseudo-steps) towards both states' pooled estimate, which in turn falls back (one pseudo-step) on
-        the previous position's: positions rarely tried borrow from their neighbours, not from an optimistic guess."""
-        expected, reach, pooled = [1.0], 1.0, 0.5
-        for i in range(self.cap):
-            own_d, own_a, all_d, all_a = 0.0, 0.0, 0.0, 0.0
-            for state in (True, False, None):
-                d, a = self.drafted[state], self.accepted[state]
-                if i < len(d):
-                    all_d, all_a = all_d + d[i], all_a + a[i]
-                    if state is self.in_run and state is not None:
-                        own_d, own_a = d[i], a[i]
-            pooled = (all_a + pooled) / (all_d + 1)
-            reach *= (own_a + 2 * pooled) / (own_d + 2)
-            expected.append(expected[-1] + reach)
-        return expected
 
     def step_seconds(self, k: int) -> float:
         """Drafting plus the rest of a step with k drafts; times in between measured lengths are interpolated, beyond

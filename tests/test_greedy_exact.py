@@ -182,17 +182,17 @@ def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
     policy.verify_seconds = {1: 1.0, 2: 1.15, 3: 1.3}
     policy.draft_seconds_per_token = 0.01
     for _ in range(30):  # runs: after an accepted draft the next is accepted (0.9), after a rejection rarely (0.1)
-        policy.in_run = True
-        policy.record_acceptance(1, 1)
-        policy.in_run = True
-        policy.record_acceptance(1, 0)
+        policy.chain.in_run = True
+        policy.chain.record_prefixes(1, 1)
+        policy.chain.in_run = True
+        policy.chain.record_prefixes(1, 0)
     for _ in range(30):
-        policy.in_run = False
-        policy.record_acceptance(1, 0)
-    policy.in_run = False
+        policy.chain.in_run = False
+        policy.chain.record_prefixes(1, 0)
+    policy.chain.in_run = False
     assert policy.next_length() == 0  # after a rejection drafting does not pay here
-    policy.record_acceptance(0, 0)  # a plain step
-    assert policy.in_run is None and policy.next_length() >= 1  # on average it does
+    policy.chain.record_prefixes(0, 0)  # a plain step
+    assert policy.chain.in_run is None and policy.next_length() >= 1  # on average it does
 
 
 def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
@@ -221,15 +221,14 @@ def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
 def test_adaptive_policy_remembers_positions_it_rarely_tries():
     """Position 2 missed whenever tried; then many steps try position 1 only. Its estimate must not fade back to the
     prior (which made the policy jump to a longer draft on no evidence)."""
-    from hf_specdec.draft_length import AdaptiveDraftLength
+    from hf_specdec.draft_length import ChainAcceptance
 
-    policy = AdaptiveDraftLength(confidence_threshold=None)
-    policy.start(2)
+    chain = ChainAcceptance()
     for _ in range(20):
-        policy.record_acceptance(2, 1)  # first accepted, second missed
+        chain.record_prefixes(2, 1)  # first accepted, second missed
     for i in range(300):
-        policy.record_acceptance(1, i % 2)  # only position 1 tried, accepted half the time
+        chain.record_prefixes(1, i % 2)  # only position 1 tried, accepted half the time
     for state in (True, False):
-        policy.in_run = state
-        e = policy.expected_tokens()
+        chain.in_run = state
+        e = chain.expected(2)
         assert e[2] - e[1] < 0.1 * (e[1] - e[0])  # reaching 2 AND accepting it stays unlikely

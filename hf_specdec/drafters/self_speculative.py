@@ -12,12 +12,13 @@ output distributed exactly as the target's. With L = all layers the draft IS the
 Supported targets: the decoder-only architectures listed in `SUPPORTED_MODEL_TYPES` (layers in `model.model.layers`
 for Llama/Mistral/Qwen2/Qwen3, in `transformer.h` for GPT-2).
 
-KV reuse (batch 1, Llama / Mistral / Qwen2 / Qwen3): the drafter runs layers 0..L-1 IN the target's own cache, and
-its `verify` hook then runs only layers L.. on the hidden states the drafter kept (plus layers 0..L-1 for the last
-draft, which the drafter proposed but never fed). Every token passes through each layer once, and rejected drafts
-are cropped from all layers together by the loop's roll-back. GPT-2 (learned positions are added to the input
-embeddings, so the hidden states cannot re-enter the stack), sliding-window attention, padded prompts and batches > 1
-(their rows advance unevenly) keep a separate draft cache.
+Each call picks one of two modes. KV reuse (`SharedCacheEarlyExit`; batch 1, Llama / Mistral / Qwen2 / Qwen3): the
+drafter runs layers 0..L-1 IN the target's own cache, and its `verify` hook then runs only layers L.. on the hidden
+states the drafter kept (plus layers 0..L-1 for the last draft, which the drafter proposed but never fed). Every
+token passes through each layer once, and rejected drafts are cropped from all layers together by the loop's
+roll-back. GPT-2 (learned positions are added to the input embeddings, so the hidden states cannot re-enter the
+stack), sliding-window attention, padded prompts and batches > 1 (their rows advance unevenly) keep a separate draft
+cache (`OwnCacheEarlyExit`).
 """
 
 from __future__ import annotations
@@ -94,8 +95,98 @@ class EarlyExitModel(nn.Module):
         return SimpleNamespace(logits=self.target.get_output_embeddings()(hidden))
 
 
-class SelfSpeculativeDrafter(DraftModelDrafter):
+class OwnCacheEarlyExit(DraftModelDrafter):
+    """The early-exit model drafting in a cache of its own (L layers deep), rolled back after each step like any
+    draft model's: batches, padded prompts, sliding windows and GPT-2."""
+
+    def __init__(self, model: EarlyExitModel):
+        self.model, self.kv = model, None  # not a PreTrainedModel: it borrows the target's modules
+
+
+class SharedCacheEarlyExit(Drafter):
+    """KV reuse (one unpadded row): the early layers draft IN the target's own cache, and verification runs only the
+    layers after them on the hidden states drafting kept. The loop's roll-back of the target's cache is the drafter's
+    too, so `accepted` has nothing to do."""
+
+    def __init__(self, model: EarlyExitModel):
+        self.model = model
+
+    def start(self, target, seqs, settings):
+        super().start(target, seqs, settings)
+        self.shared = target
+        self.early_hidden = None  # layer-L hidden states of the tokens fed this step (pending tokens, drafts but last)
+
+    def _layers(self, layers, cache_len: int, input_ids=None, inputs_embeds=None):
+        """Run `layers` of the target's base model on new tokens after `cache_len` cached ones (batch 1, causal);
+        returns (hidden states entering the final norm, final-norm output)."""
+        x = input_ids if input_ids is not None else inputs_embeds
+        n, device = x.shape[1], x.device
+        target = self.model.target
+        dtype = target.dtype if target.dtype.is_floating_point else torch.float32
+        allowed = torch.ones(n, cache_len + n, dtype=torch.bool, device=device).tril(cache_len)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+        positions = torch.arange(cache_len, cache_len + n, device=device)[None]
+        base, attr = self.model.base, self.model.layers_attr
+        captured = []
+        hook = base.norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        all_layers = base._modules[attr]
+        base._modules[attr] = nn.ModuleList(layers)
+        try:
+            out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
+                       position_ids=positions, cache=self.shared.cache, use_cache=True)
+        finally:
+            base._modules[attr] = all_layers
+            hook.remove()
+        return captured[0], out.last_hidden_state
+
+    @torch.no_grad()
+    def propose(self, seqs, max_tokens):
+        row = seqs.ids(0)[None]
+        cached = self.shared.slots  # every layer holds these; layers 0..L-1 will also hold what is fed here
+        block = row[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
+        fed, hidden = 0, []
+        head = self.model.target.get_output_embeddings()
+        drafting = Drafting(self.settings, [seqs.full(0)], row.device)
+        for i in range(max_tokens):
+            h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
+            fed += block.shape[1]
+            hidden.append(h)
+            if not drafting.step(head(normed[:, -1]).float()):
+                break
+            block = drafting.token[:, None]
+        self.early_hidden = torch.cat(hidden, dim=1)
+        return drafting.draft()
+
+    def verify(self, target, pending, pending_valid, draft):
+        """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
+        (the last draft), then layers L.. for all of the block from their layer-L hidden states. Logits [1, n, V]."""
+        new_ids = torch.cat([pending, draft.tokens], dim=1)
+        cached = target.slots
+        done = 0 if self.early_hidden is None else self.early_hidden.shape[1]
+        parts = [] if self.early_hidden is None else [self.early_hidden]
+        if done < new_ids.shape[1]:
+            parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
+        self.early_hidden = None
+        with verifying(target.fast):
+            _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
+            logits = self.model.target.get_output_embeddings()(normed[:, -(draft.num_tokens + 1) :])
+        target.append_slots(torch.ones(new_ids.shape, dtype=torch.bool))
+        return logits.float()
+
+
+def reuses_target_cache(target, seqs) -> bool:
+    """KV reuse needs one unpadded row, positions the hidden states can re-enter, no sliding window, and a model that
+    takes the 4-D mask of a causal block over the shared cache (under flash attention it keeps a cache of its own)."""
+    config = target.model.config
+    return (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES and takes_4d_masks(target.model)
+            and not has_sliding_window(config) and bool(seqs.prompt_mask.numpy().all()))
+
+
+class SelfSpeculativeDrafter(Drafter):
     """Drafts with the target's first `num_layers` decoder layers plus its final norm and LM head.
+
+    Each call chooses its mode once: `SharedCacheEarlyExit` where the target's cache can be shared, otherwise
+    `OwnCacheEarlyExit`; every hook is that mode's.
 
     Args:
         num_layers: how many of the target's decoder layers the draft runs (1 .. all). More layers: better drafts,
@@ -109,9 +200,7 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
             raise ValueError(f"num_layers must be None or an integer >= 1, got {num_layers!r}.")
         self.requested_layers = num_layers
         self.num_layers = num_layers
-        self.target = None
-        self.model = None
-        self.kv = None
+        self.mode: Drafter | None = None
 
     @classmethod
     def for_target(cls, target, number=None):
@@ -123,7 +212,7 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
     def vocab_size(self):
         return None  # the target's own head: always the same vocabulary
 
-    def _bind(self, target) -> None:
+    def early_exit_model(self, target) -> EarlyExitModel:
         if not isinstance(target, PreTrainedModel):
             raise TypeError(f"SelfSpeculativeDrafter needs a transformers PreTrainedModel target, got {type(target).__name__}.")
         model_type = getattr(target.config, "model_type", None)
@@ -141,82 +230,26 @@ class SelfSpeculativeDrafter(DraftModelDrafter):
         num_layers = self.requested_layers if self.requested_layers is not None else max(1, total // 2)
         if num_layers > total:
             raise ValueError(f"num_layers={num_layers} exceeds the target's {total} decoder layers.")
-        self.target, self.num_layers, self.total_layers = target, num_layers, total
-        self.model = EarlyExitModel(target, base, layers_attr, num_layers)
+        self.num_layers = num_layers
+        return EarlyExitModel(target, base, layers_attr, num_layers)
 
     def start(self, target, seqs, settings):
-        self._bind(target.model)
-        config = target.model.config
-        # KV reuse: draft in the target's own cache (one row, no padding, positions the hidden states can re-enter)
-        # (its causal block over the shared cache is a 4-D mask: under flash attention it keeps a cache of its own)
-        self.shared = target if (seqs.size == 1 and config.model_type in KV_REUSE_MODEL_TYPES and takes_4d_masks(target.model)
-                                 and not has_sliding_window(config) and bool(seqs.prompt_mask.numpy().all())) else None
-        if self.shared is None:
-            return super().start(target, seqs, settings)
-        Drafter.start(self, target, seqs, settings)
-        self.early_hidden = None  # layer-L hidden states of the tokens fed this step (pending tokens, drafts but last)
+        super().start(target, seqs, settings)
+        model = self.early_exit_model(target.model)
+        self.mode = SharedCacheEarlyExit(model) if reuses_target_cache(target, seqs) else OwnCacheEarlyExit(model)
+        self.mode.start(target, seqs, settings)
 
-    def accepted(self, seqs, verified):
-        if self.shared is None:  # with KV reuse, the loop's roll-back of the target's cache is the drafter's too
-            super().accepted(seqs, verified)
-
-    def _layers(self, layers, cache_len: int, input_ids=None, inputs_embeds=None):
-        """Run `layers` of the target's base model on new tokens after `cache_len` cached ones (batch 1, causal);
-        returns (hidden states entering the final norm, final-norm output)."""
-        x = input_ids if input_ids is not None else inputs_embeds
-        n, device = x.shape[1], x.device
-        dtype = self.target.dtype if self.target.dtype.is_floating_point else torch.float32
-        allowed = torch.ones(n, cache_len + n, dtype=torch.bool, device=device).tril(cache_len)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-        positions = torch.arange(cache_len, cache_len + n, device=device)[None]
-        base, attr = self.model.base, self.model.layers_attr
-        captured = []
-        hook = base.norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-        cache = self.shared.cache
-        all_layers = base._modules[attr]
-        base._modules[attr] = nn.ModuleList(layers)
-        try:
-            out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
-                       position_ids=positions, cache=cache, use_cache=True)
-        finally:
-            base._modules[attr] = all_layers
-            hook.remove()
-        return captured[0], out.last_hidden_state
-
-    @torch.no_grad()
     def propose(self, seqs, max_tokens):
-        if self.shared is None:
-            return super().propose(seqs, max_tokens)
-        row = seqs.ids(0)[None]
-        cached = self.shared.slots  # every layer holds these; layers 0..L-1 will also hold what is fed here
-        block = row[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
-        fed, hidden = 0, []
-        head = self.target.get_output_embeddings()
-        drafting = Drafting(self.settings, [seqs.full(0)], row.device)
-        for i in range(max_tokens):
-            h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
-            fed += block.shape[1]
-            hidden.append(h)
-            if not drafting.step(head(normed[:, -1]).float()):
-                break
-            block = drafting.token[:, None]
-        self.early_hidden = torch.cat(hidden, dim=1)
-        return drafting.draft()
+        return self.mode.propose(seqs, max_tokens)
 
     def verify(self, target, pending, pending_valid, draft):
-        """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
-        (the last draft), then layers L.. for all of the block from their layer-L hidden states. Logits [1, n, V]."""
-        if self.shared is None:
-            return super().verify(target, pending, pending_valid, draft)
-        new_ids = torch.cat([pending, draft.tokens], dim=1)
-        cached = target.slots
-        done = 0 if self.early_hidden is None else self.early_hidden.shape[1]
-        parts = [] if self.early_hidden is None else [self.early_hidden]
-        if done < new_ids.shape[1]:
-            parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
-        self.early_hidden = None
-        with verifying(target.fast):
-            _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
-            logits = self.target.get_output_embeddings()(normed[:, -(draft.num_tokens + 1) :])
-        target.append_slots(torch.ones(new_ids.shape, dtype=torch.bool))
-        return logits.float()
+        return self.mode.verify(target, pending, pending_valid, draft)
+
+    def accepted(self, seqs, verified):
+        self.mode.accepted(seqs, verified)
+
+    def select_rows(self, rows):
+        self.mode.select_rows(rows)
+
+    def end(self):
+        self.mode.end()
