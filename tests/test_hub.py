@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -25,50 +27,72 @@ from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, MedusaConfig
 from hf_specdec.cli import main as cli
 from hf_specdec.drafters import DraftModelDrafter, Eagle3Drafter, EagleDrafter, MedusaDrafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
+from hf_specdec.hub.card import drafter_kind
 from hf_specdec.models.spec_drafter import drafter_config_from_target
 
 from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SPEC_KINDS = ("agreeing", "reduced", "eagle")
-MEDUSA_KINDS = ("medusa", "medusa-reduced", "medusa-own")
-KINDS = (*SPEC_KINDS, "plain", *MEDUSA_KINDS, "eagle3")
-
-
-def make_drafter(target, kind: str):
-    """'agreeing': the target's own layers (every draft accepted); 'reduced': random, 48-token draft vocabulary;
-    'eagle': random EAGLE-style; 'plain': a separate tiny Llama; 'medusa*': 3 random heads of 2 blocks, on the
-    target's LM head (full or 48-token vocabulary) or on their own ('medusa-own')."""
-    if kind == "plain":
-        return tiny_llama(layers=1, seed=2)
-    torch.manual_seed(3)
-    if kind == "eagle3":  # random, 48-token draft vocabulary, the target's layers entering 2, 1 and 1
-        drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=48,
-                                                            target_name_or_path="someone/target"))
-        drafter.set_draft_vocab(torch.randperm(VOCAB)[:48], target)
-        return drafter
-    if kind in MEDUSA_KINDS:
-        config = MedusaConfig.from_target(target.config, num_heads=3, num_layers=2, share_lm_head=kind != "medusa-own",
-                                          draft_vocab_size=48 if kind == "medusa-reduced" else 0,
-                                          target_name_or_path="someone/target")
-        heads = MedusaHeads(config)
-        with torch.no_grad():
-            for p in heads.heads.parameters():
-                p.normal_(0, 0.05)  # not the identity, still close enough to the target to be accepted at times
-        if kind == "medusa-reduced":
-            heads.set_draft_vocab(torch.randperm(VOCAB)[:48])
-        return heads
-    config = drafter_config_from_target(target.config, num_hidden_layers=2 if kind == "agreeing" else 1,
-                                        draft_vocab_size=48 if kind == "reduced" else 0,
-                                        target_feature_input=kind == "eagle", target_name_or_path="someone/target")
+def spec_drafter(target, layers=1, draft_vocab=0, features=False, agreeing=False):
+    config = drafter_config_from_target(target.config, num_hidden_layers=layers, draft_vocab_size=draft_vocab,
+                                        target_feature_input=features, target_name_or_path="someone/target")
     drafter = SpecDrafterForCausalLM(config)
-    if kind == "agreeing":
+    if agreeing:  # the target's own layers: every draft accepted
         own = {k[len("model."):]: v for k, v in target.state_dict().items()}
         drafter.model.load_state_dict({k: v for k, v in own.items() if k.startswith(("layers.", "norm."))})
-    if kind == "reduced":
-        drafter.set_draft_vocab(torch.randperm(VOCAB)[:48])
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.randperm(VOCAB)[:draft_vocab])
     return drafter
+
+
+def medusa_heads(target, draft_vocab=0, share_lm_head=True):
+    config = MedusaConfig.from_target(target.config, num_heads=3, num_layers=2, share_lm_head=share_lm_head,
+                                      draft_vocab_size=draft_vocab, target_name_or_path="someone/target")
+    heads = MedusaHeads(config)
+    with torch.no_grad():
+        for p in heads.heads.parameters():
+            p.normal_(0, 0.05)  # not the identity, still close enough to the target to be accepted at times
+    if draft_vocab:
+        heads.set_draft_vocab(torch.randperm(VOCAB)[:draft_vocab])
+    return heads
+
+
+def eagle3_drafter(target):  # random, 48-token draft vocabulary, the target's layers entering 2, 1 and 1
+    drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=48,
+                                                        target_name_or_path="someone/target"))
+    drafter.set_draft_vocab(torch.randperm(VOCAB)[:48], target)
+    return drafter
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A drafter this file saves, loads, pushes and exports: how it is built, the kind it is registered as
+    (`kinds.py`, its Hub tag), the class that decodes it and its serving export."""
+
+    build: Callable
+    kind: str
+    drafter_class: type
+    export_format: str
+
+
+VARIANTS = {
+    "agreeing": Variant(lambda t: spec_drafter(t, layers=2, agreeing=True), "draft-model", DraftModelDrafter, "vllm-draft"),
+    "reduced": Variant(lambda t: spec_drafter(t, draft_vocab=48), "draft-model", DraftModelDrafter, "vllm-draft"),
+    "eagle": Variant(lambda t: spec_drafter(t, features=True), "eagle", EagleDrafter, "vllm-eagle"),
+    "plain": Variant(lambda t: tiny_llama(layers=1, seed=2), "draft-model", DraftModelDrafter, "vllm-draft"),
+    "medusa": Variant(medusa_heads, "medusa", MedusaDrafter, "vllm-medusa"),
+    "medusa-reduced": Variant(lambda t: medusa_heads(t, draft_vocab=48), "medusa", MedusaDrafter, "vllm-medusa"),
+    "medusa-own": Variant(lambda t: medusa_heads(t, share_lm_head=False), "medusa", MedusaDrafter, "vllm-medusa"),
+    "eagle3": Variant(eagle3_drafter, "eagle3", Eagle3Drafter, "vllm-eagle3"),
+}
+SPEC_VARIANTS = ("agreeing", "reduced", "eagle")
+MEDUSA_VARIANTS = tuple(name for name, v in VARIANTS.items() if v.kind == "medusa")
+
+
+def make_drafter(target, variant: str):
+    torch.manual_seed(3)
+    return VARIANTS[variant].build(target)
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +102,9 @@ def world(tmp_path_factory):
     target.save_pretrained(root / "target")
     tiny_char_tokenizer().save_pretrained(root / "target")  # `--target FOLDER` loads a tokenizer too
     folders = {}
-    for kind in KINDS:
-        folders[kind] = root / kind
-        make_drafter(target, kind).save_pretrained(folders[kind])
+    for variant in VARIANTS:
+        folders[variant] = root / variant
+        make_drafter(target, variant).save_pretrained(folders[variant])
     tiny_char_tokenizer().save_pretrained(folders["agreeing"])  # the export copies a drafter folder's tokenizer
     return {"root": root, "target": target, "target_folder": root / "target", **folders}
 
@@ -94,30 +118,29 @@ def greedy_pairs(target, assistant, n=3, max_new_tokens=12, **kwargs):
 
 
 # --- AutoDrafter -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", KINDS)
-def test_auto_drafter_loads_each_kind_as_it_was_saved(world, kind):
-    target, original = world["target"], make_drafter(world["target"], kind)
-    drafter = AutoDrafter.from_pretrained(world[kind], target=target)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_auto_drafter_loads_each_kind_as_it_was_saved(world, variant):
+    target, original = world["target"], make_drafter(world["target"], variant)
+    drafter = AutoDrafter.from_pretrained(world[variant], target=target)
     assert type(drafter) is type(original) and not drafter.training
     saved = original.state_dict()
-    if kind != "plain":  # hf_specdec drafters are stored in config.save_dtype (float16) and cast back on load
+    if variant != "plain":  # hf_specdec drafters are stored in config.save_dtype (float16) and cast back on load
         assert drafter.config.target_name_or_path == "someone/target"
         assert drafter.config.draft_vocab_size == original.config.draft_vocab_size
         saved = {k: v.half().float() if v.is_floating_point() else v for k, v in saved.items()}
-    if kind in SPEC_KINDS:
-        assert drafter.is_bound and drafter.config.target_feature_input == (kind == "eagle")
-    if kind in MEDUSA_KINDS:  # bound: the borrowed LM head is the target's
-        assert drafter.config.share_lm_head == (kind != "medusa-own")
+    if variant in SPEC_VARIANTS:
+        assert drafter.is_bound and drafter.config.target_feature_input == (variant == "eagle")
+    if variant in MEDUSA_VARIANTS:  # bound: the borrowed LM head is the target's
+        assert drafter.config.share_lm_head == (variant != "medusa-own")
         assert not drafter.config.share_lm_head or drafter.lm_head.link.target is target
     assert drafter.state_dict().keys() == saved.keys()
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in saved.items())
-    if kind == "eagle3":
+    if variant == "eagle3":
         assert drafter.is_bound and torch.equal(drafter.draft_vocab, original.draft_vocab)
-    expected = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter, **dict.fromkeys(MEDUSA_KINDS, MedusaDrafter)}.get(
-        kind, DraftModelDrafter)
-    assert isinstance(hf_specdec.as_drafter(drafter), expected)
+    assert drafter_kind(drafter.config) == VARIANTS[variant].kind  # the registered kind, by its Hub tag
+    assert isinstance(hf_specdec.as_drafter(drafter), VARIANTS[variant].drafter_class)
     # Medusa heads: the default tree (as_drafter) and the top-1 chain
-    for assistant in [drafter, *([MedusaDrafter(drafter, tree="chain")] if kind in MEDUSA_KINDS else [])]:
+    for assistant in [drafter, *([MedusaDrafter(drafter, tree="chain")] if variant in MEDUSA_VARIANTS else [])]:
         for plain, spec in greedy_pairs(target, assistant, n=2):
             assert torch.equal(plain, spec)
 
@@ -163,9 +186,9 @@ def test_custom_generate_folder_is_the_installed_library(world):
     requirements = files["requirements.txt"].split()
     assert {split_package_version(r)[0] for r in requirements} == {"huggingface_hub", "torch", "transformers"}
     assert not (world["plain"] / "custom_generate").exists()  # plain causal LMs: transformers' own assisted decoding
-    for kind in MEDUSA_KINDS:  # MedusaHeads.save_pretrained writes the same bundle, and push uploads it
-        assert {p.name: p.read_text() for p in (world[kind] / "custom_generate").iterdir()} == files
-        assert "custom_generate/generate.py" in files_to_upload(world[kind])
+    for variant in MEDUSA_VARIANTS:  # MedusaHeads.save_pretrained writes the same bundle, and push uploads it
+        assert {p.name: p.read_text() for p in (world[variant] / "custom_generate").iterdir()} == files
+        assert "custom_generate/generate.py" in files_to_upload(world[variant])
 
 
 HIDDEN_HF_SPECDEC = """
@@ -211,7 +234,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     shutil.copytree(world["agreeing"], snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
-    drafters = {**{kind: str(world[kind]) for kind in (*SPEC_KINDS, *MEDUSA_KINDS, "eagle3")}, "hub": "someone/tiny-drafter"}
+    drafters = {**{variant: str(world[variant]) for variant in (*SPEC_VARIANTS, *MEDUSA_VARIANTS, "eagle3")}, "hub": "someone/tiny-drafter"}
     prompts = [p[0].tolist() for p in random_prompts(3, seed=11)]
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -224,7 +247,7 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
     for name, r in report.items():
         assert r["identical"] == [True] * len(prompts), name
     assert report["agreeing"]["accepted"] > 0 and report["hub"]["accepted"] == report["agreeing"]["accepted"]
-    assert all(report[kind]["drafted"] > 0 for kind in (*MEDUSA_KINDS, "eagle3")) and report["medusa"]["accepted"] > 0
+    assert all(report[variant]["drafted"] > 0 for variant in (*MEDUSA_VARIANTS, "eagle3")) and report["medusa"]["accepted"] > 0
     assert any((tmp_path / "hf" / "modules" / "transformers_modules").rglob("generate.py"))  # transformers' copy ran
 
 
@@ -253,16 +276,16 @@ TRAINING = {"data": "ShareGPT", "loss": "fkl", "steps": 100, "batch_size": 16, "
             "command": "python training/distill.py --target default --max-steps 100"}
 
 
-@pytest.mark.parametrize("kind", ["reduced", "eagle", "plain", "medusa", "medusa-reduced"])
-def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
+@pytest.mark.parametrize("variant", ["reduced", "eagle", "plain", "medusa", "medusa-reduced"])
+def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, variant):
     """`ModelCard.validate()` posts to the Hub (/api/validate-yaml), so the metadata is checked with
     huggingface_hub's own offline parser (metadata_load, ModelCardData) and repo-id validator."""
-    config = AutoDrafter.from_pretrained(world[kind]).config
-    if kind != "plain":
+    config = AutoDrafter.from_pretrained(world[variant]).config
+    if variant != "plain":
         config.target_name_or_path, config.target_quantization = "HuggingFaceTB/SmolLM2-135M-Instruct", "8bit"
         config.measured, config.training = MEASURED, TRAINING
-    card = render_model_card(world[kind], config, repo_id="someone/tiny-drafter", datasets=["someone/chats"],
-                             hardware="Test CPU, 2 cores", target=None if kind != "plain" else "someone/target")
+    card = render_model_card(world[variant], config, repo_id="someone/tiny-drafter", datasets=["someone/chats"],
+                             hardware="Test CPU, 2 cores", target=None if variant != "plain" else "someone/target")
     card.save(tmp_path / "README.md")
 
     metadata = metadata_load(tmp_path / "README.md")
@@ -272,12 +295,12 @@ def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
     assert metadata["license"] == "apache-2.0" and metadata["pipeline_tag"] == "text-generation"
     for repo_id in [metadata["base_model"], *metadata["datasets"]]:
         validate_repo_id(repo_id)
-    drafter_kind = {"eagle": "eagle", "medusa": "medusa", "medusa-reduced": "medusa"}.get(kind, "draft-model")
-    assert {"speculative-decoding", drafter_kind, "hf-specdec"} <= set(metadata["tags"])
-    assert ("custom_generate" in metadata["tags"]) == (kind != "plain")
+    registered = VARIANTS[variant].kind
+    assert {"speculative-decoding", registered, "hf-specdec"} <= set(metadata["tags"])
+    assert ("custom_generate" in metadata["tags"]) == (variant != "plain")
 
     text = card.text
-    if kind == "plain":
+    if variant == "plain":
         assert metadata["base_model"] == "someone/target" and "No acceptance figures" in text
         return
     assert metadata["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -286,18 +309,17 @@ def test_model_card_metadata_is_what_the_hub_reads(world, tmp_path, kind):
     assert 'AutoDrafter.from_pretrained("someone/tiny-drafter", target=target)' in text
     assert 'custom_generate="someone/tiny-drafter", trust_remote_code=True' in text
     assert "num_draft_tokens=3," in text  # what was measured
-    export_format = {"eagle": "vllm-eagle", "medusa": "vllm-medusa", "medusa-reduced": "vllm-medusa"}.get(kind, "vllm-draft")
-    assert f"--format {export_format} --target TARGET" in text
-    if drafter_kind == "medusa":
+    assert f"--format {VARIANTS[variant].export_format} --target TARGET" in text
+    if registered == "medusa":
         assert "3 Medusa heads" in text and "2 residual block(s)" in text and 'tree="chain"' in text
-        assert ("only the 48 target tokens" in text) == (kind == "medusa-reduced")
+        assert ("only the 48 target tokens" in text) == (variant == "medusa-reduced")
 
 
 # --- push ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["agreeing", "eagle", "plain", "medusa"])
-def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_path, kind):
-    folder = tmp_path / kind
-    AutoDrafter.from_pretrained(world[kind]).save_pretrained(folder)
+@pytest.mark.parametrize("variant", ["agreeing", "eagle", "plain", "medusa"])
+def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_path, variant):
+    folder = tmp_path / variant
+    AutoDrafter.from_pretrained(world[variant]).save_pretrained(folder)
     (folder / ".cache").mkdir()
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "model.safetensors").write_text("never uploaded")
@@ -308,8 +330,8 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     api = api.return_value
     api.create_repo.assert_called_once_with(repo_id="someone/tiny-drafter", repo_type="model", private=True, exist_ok=True)
     (call,) = api.upload_folder.call_args_list
-    bundle = [] if kind == "plain" else sorted(f"custom_generate/{name}" for name in [*bundle_sources(), "requirements.txt"])
-    generation_config = [] if kind == "medusa" else ["generation_config.json"]  # heads are not a generative model
+    bundle = [] if variant == "plain" else sorted(f"custom_generate/{name}" for name in [*bundle_sources(), "requirements.txt"])
+    generation_config = [] if variant == "medusa" else ["generation_config.json"]  # heads are not a generative model
     expected = sorted(["README.md", "config.json", *generation_config, "model.safetensors", *bundle])
     assert call.kwargs == {"repo_id": "someone/tiny-drafter", "repo_type": "model", "folder_path": str(folder),
                            "allow_patterns": expected, "delete_patterns": ["*"],
@@ -317,10 +339,10 @@ def test_push_uploads_the_folder_in_one_commit_and_writes_no_token(world, tmp_pa
     assert not any("hf_not_a_real_token" in p.read_text(errors="ignore") for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_transformers_push_to_hub_carries_custom_generate(world, kind):
+@pytest.mark.parametrize("variant", ["eagle", "medusa"])
+def test_transformers_push_to_hub_carries_custom_generate(world, variant):
     """`drafter.push_to_hub()` (transformers' own) saves through our save_pretrained, so the Hub repo gets the bundle."""
-    drafter = AutoDrafter.from_pretrained(world[kind])
+    drafter = AutoDrafter.from_pretrained(world[variant])
     with mock.patch("transformers.utils.hub.hf_api") as api, \
          mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("---\n---\n")):
         api.return_value.create_repo.return_value.repo_id = "someone/tiny-drafter"
@@ -347,26 +369,26 @@ def llama_layer_shapes(prefix: str, layers, hidden=48, inter=96, kv=24) -> dict[
     return shapes
 
 
-@pytest.mark.parametrize("kind", ["agreeing", "reduced"])
-def test_export_vllm_draft_is_a_standalone_llama(world, tmp_path, kind):
+@pytest.mark.parametrize("variant", ["agreeing", "reduced"])
+def test_export_vllm_draft_is_a_standalone_llama(world, tmp_path, variant):
     out = tmp_path / "vllm-draft"
-    assert cli(["export", str(world[kind]), "--format", "vllm-draft", "--target", str(world["target_folder"]),
+    assert cli(["export", str(world[variant]), "--format", "vllm-draft", "--target", str(world["target_folder"]),
                 "--out", str(out)]) == 0
     # What vLLM's draft-model path loads (vllm/model_executor/models/llama.py, LlamaForCausalLM.load_weights, read at
     # vllm-project/vllm 0035bdf): a transformers LlamaForCausalLM checkpoint, `architectures: [LlamaForCausalLM]`,
     # model.embed_tokens / model.layers.N.* / model.norm / lm_head, the target's full vocabulary.
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
-    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (VOCAB, 48, 2 if kind == "agreeing" else 1)
+    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (VOCAB, 48, 2 if variant == "agreeing" else 1)
     assert config["rope_theta"] == 10000.0 and config["tie_word_embeddings"] is False
     layers = range(config["num_hidden_layers"])
     expected = {"model.embed_tokens.weight": (VOCAB, 48), "lm_head.weight": (VOCAB, 48), "model.norm.weight": (48,),
                 **llama_layer_shapes("model.", layers)}
     assert tensor_shapes(out / "model.safetensors") == expected
-    assert (kind == "agreeing") == (out / "tokenizer.json").exists()
+    assert (variant == "agreeing") == (out / "tokenizer.json").exists()
 
     # Same drafter: the export's logits equal the SpecDrafter's wherever the SpecDrafter may propose.
-    drafter = AutoDrafter.from_pretrained(world[kind], target=world["target"])
+    drafter = AutoDrafter.from_pretrained(world[variant], target=world["target"])
     export = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     x = random_prompts(1, seed=3)[0]
     with torch.no_grad():
@@ -463,10 +485,10 @@ def vllm_medusa_logits(tensors: dict, config: dict, hidden: torch.Tensor) -> tor
     return torch.stack(logits, dim=-2)
 
 
-@pytest.mark.parametrize("kind", MEDUSA_KINDS)
-def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, kind):
+@pytest.mark.parametrize("variant", MEDUSA_VARIANTS)
+def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, variant):
     out = tmp_path / "vllm-medusa"
-    assert cli(["export", str(world[kind]), "--format", "vllm-medusa", "--target", str(world["target_folder"]),
+    assert cli(["export", str(world[variant]), "--format", "vllm-medusa", "--target", str(world["target_folder"]),
                 "--out", str(out)]) == 0
     # vLLM's Medusa (vllm-project/vllm: vllm/model_executor/models/medusa.py at 01dbb08, Medusa / ResidualBlock /
     # load_weights; vllm/transformers_utils/configs/medusa.py at 0531c22, MedusaConfig): config keys model_type
@@ -475,7 +497,7 @@ def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, kind):
     # Tensors blocks.{i}.layers.{j}.weight/bias and lm_heads.{i}.weight [truncated_vocab_size, hidden]; token_map
     # (int ids) when truncated_vocab_size < vocab_size. Unknown tensor names are skipped silently there, so the set
     # must match exactly. MedusaConfig.from_pretrained renames every key holding "num" and "heads" / "layers".
-    reduced, shared = kind == "medusa-reduced", kind != "medusa-own"
+    reduced, shared = variant == "medusa-reduced", variant != "medusa-own"
     config = json.loads((out / "config.json").read_text())
     assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": 48, "vocab_size": VOCAB,
                       "num_heads": 3, "num_hidden_layers": 2, "truncated_vocab_size": 48 if reduced else VOCAB,
@@ -489,7 +511,7 @@ def test_export_vllm_medusa_matches_vllms_medusa_loader(world, tmp_path, kind):
         tensors = {k: f.get_tensor(k) for k in f.keys()}
 
     # Same heads: vLLM's forward over the export gives MedusaHeads' logits on the target's real hidden states.
-    target, heads = world["target"], AutoDrafter.from_pretrained(world[kind], target=world["target"])
+    target, heads = world["target"], AutoDrafter.from_pretrained(world[variant], target=world["target"])
     if reduced:
         assert tensors["token_map"].dtype == torch.int64 and torch.equal(tensors["token_map"], heads.draft_vocab)
     with torch.no_grad():

@@ -14,6 +14,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..default_model import DEFAULT_TARGET_NAME
 from ..kinds import kind_of
+from ..models.borrowed import BorrowsFromTarget
 from ..shipped import shipped_drafter_names, shipped_folder
 from .bundle import CUSTOM_GENERATE_DIR
 
@@ -74,6 +75,7 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
                                 "its own in hf_specdec/hub/templates/).")
     target_id = target or getattr(config, "target_name_or_path", None) or "TARGET"
     kind = drafter_kind(config)
+    registered = kind_of(config)
     training = getattr(config, "training", None) or {}
     measured = getattr(config, "measured", None) or {}
     has_custom_generate = (folder / CUSTOM_GENERATE_DIR / "generate.py").exists()
@@ -90,7 +92,7 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
         target_id=target_id,
         target_is_default=target_id == DEFAULT_TARGET_HUB_ID,
         kind=kind,
-        borrows_target=hasattr(config, "draft_vocab_size") and not hasattr(config, "num_heads"),
+        borrows_target=registered is not None and issubclass(registered.model_class, BorrowsFromTarget),
         has_custom_generate=has_custom_generate,
         quantization=quantization,
         quantization_code=QUANTIZATION_CODE.get(quantization, "None"),
