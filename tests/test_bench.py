@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from hf_specdec.cli.bench import adaptive_vs_best_constant, paired_speed_ratio
 from hf_specdec.cli import main
 from tests.conftest import perturbed_copy, tiny_char_tokenizer, tiny_llama
 
@@ -101,8 +102,6 @@ def test_bench_compares_several_drafters_in_one_run(folders):
 
 
 def test_paired_comparison_picks_the_fastest_constant_and_brackets_the_ratio():
-    from hf_specdec.bench import adaptive_vs_best_constant, paired_speed_ratio
-
     def method(name, seconds, tokens_per_second):
         return {"name": name, "tokens_per_second": tokens_per_second, "prompt_seconds": seconds,
                 "prompt_tokens": [10] * len(seconds)}

@@ -11,7 +11,9 @@ import torch
 
 from hf_specdec import NgramDrafter, SpeculationStats, default_model, speculative_generate
 from hf_specdec.assistants import early_layers_draft_model
-from hf_specdec.bench import encode_prompt
+from hf_specdec.cli.bench import encode_batch, encode_prompt
+from hf_specdec.cli import main
+from hf_specdec.shipped import shipped_drafter_names
 from tests.speculation import assert_speculated
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev_prompts.jsonl"
@@ -74,9 +76,6 @@ def test_real_model_speculative_greedy_equals_plain(smollm):
 @pytest.mark.slow
 def test_shipped_drafters_decode_exactly_in_batches(smollm):
     """Every drafter shipped for the default target loads with no training and decodes it exactly (batch of 2)."""
-    from hf_specdec.bench import encode_batch
-    from hf_specdec.shipped import shipped_drafter_names
-
     model, tokenizer = smollm
     names = shipped_drafter_names()
     assert "distilled" in names
@@ -94,8 +93,6 @@ def test_shipped_drafters_decode_exactly_in_batches(smollm):
 
 @pytest.mark.slow
 def test_demo_command_runs(capsys):
-    from hf_specdec.cli import main
-
     # constant length: the adaptive default may rightly choose plain steps on a loaded machine, and this test asks
     # whether the demo's drafter ran, not whether it paid
     assert main(["demo", "--max-new-tokens", "24", "--draft-length", "constant", "--rounds", "1"]) == 0

@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.bench import synchronize
+from hf_specdec.cli.bench import synchronize
 from hf_specdec.diagnostics import count_forwards, count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 

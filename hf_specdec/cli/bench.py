@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
-from .generation.loop import speculative_generate
-from .generation.stats import SpeculationStats
-from .models.borrowed import BorrowsFromTarget
+from ..drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
+from ..generation.loop import speculative_generate
+from ..generation.stats import SpeculationStats
+from ..models.borrowed import BorrowsFromTarget
 
 
 @dataclass
@@ -95,7 +95,7 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
     """Median target forward time for 1 and for k+1 new tokens on a `context`-token cache, as the loop runs them."""
     from transformers import DynamicCache
 
-    from .cpu_matmul import fast_linear
+    from ..cpu_matmul import fast_linear
 
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, context), device=target.device)
