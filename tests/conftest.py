@@ -1,20 +1,27 @@
-"""Tiny randomly initialised models of several architectures, built in the tests (nothing is downloaded)."""
+"""Tiny randomly initialised models of several architectures, and tiny tokenizers, built in the tests (nothing is
+downloaded)."""
 
 from __future__ import annotations
 
 import copy
 import os
+import random
+import string
 
 import pytest
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+import hf_specdec.generation.step as step
 
 # Under pytest-xdist each worker gets one core; oversubscribed OpenMP threads would make everything crawl.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
@@ -77,17 +84,42 @@ def arch(request):
 
 def tiny_char_tokenizer():
     """A character-level fast tokenizer over VOCAB symbols, built offline (for stop strings and streamers)."""
-    import string
-
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     chars = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"][: VOCAB - 2]
     vocab = {"<pad>": 0, "<s>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>")
+
+
+# Two offline tokenizers over a small alphabet (for cross-tokenizer drafting): a character-level one and a BPE one
+# trained on a few hundred random "sentences".
+ALPHABET = "abcdef"
+
+
+def sentences(n, seed=0):
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 5))) for _ in range(40)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "." for _ in range(n)]
+
+
+def bpe_tokenizer(vocab_size=60):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="_", prepend_scheme="never")
+    tok.decoder = decoders.Metaspace(replacement="_", prepend_scheme="never")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=list(ALPHABET + "._"), show_progress=False
+    )
+    tok.train_from_iterator(sentences(400), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def char_tokenizer():
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(ALPHABET + " .")}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per character
+    tok.add_special_tokens(["<eos>"])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +141,4 @@ def pytest_addoption(parser):
 @pytest.fixture(autouse=True)
 def _no_drafts(request, monkeypatch):
     if request.config.getoption("--no-drafts"):
-        import hf_specdec.generation.step as step
-
         monkeypatch.setattr(step, "propose", lambda drafter, seqs, max_draft: step.Draft.empty(seqs.size, "cpu"))

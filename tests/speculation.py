@@ -6,7 +6,8 @@ that drafts were proposed and accepted (and rejected, where it claims the reject
 tree depth it claims, in every batch row it claims, with fewer target forwards than tokens.
 
 Also here: drafters built to agree with tiny random targets (so that deep drafts are accepted often enough to be
-tested), and an adaptive length policy with scripted step costs (so that drafting pays and the test is deterministic).
+tested), an adaptive length policy with scripted step costs (so that drafting pays and the test is deterministic),
+left padding for batches, and drafters that record what they are handed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength
+from hf_specdec.drafters import CrossTokenizerDrafter, EagleDrafter
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import entering_layers, final_norm
 from hf_specdec.models.block import BlockDrafterConfig, BlockDrafterModel
@@ -81,6 +83,21 @@ def assert_adapted(policy: ScriptedCosts) -> None:
     drafting = sum(k > 0 for k in chosen)
     assert drafting > 0.5 * len(chosen), f"drafted on only {drafting} of {len(chosen)} steps: {chosen}"
     assert len(set(chosen)) > 1, f"the length never changed: {chosen}"
+
+
+# --- left-padded batches ----------------------------------------------------------------------------------------------
+PAD = 0
+
+
+def left_pad(prompts):
+    """One left-padded batch (ids, attention mask) of 1-row prompts, padded with PAD."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), PAD)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - p.shape[1] :] = p[0]
+        mask[b, width - p.shape[1] :] = 1
+    return ids, mask
 
 
 # --- drafters that agree with a tiny random target --------------------------------------------------------------------
@@ -220,6 +237,37 @@ def fit_lm_head(drafter, target, prompts, readings, draft_vocab, fc_scale: float
     return drafter
 
 
+class TargetOracleDrafter(CrossTokenizerDrafter):
+    """Replaces the draft model by the target's own greedy continuation, seen only through text and the draft
+    tokenizer: a near-perfect drafter, so a high acceptance tests the text alignment in both directions."""
+
+    def __init__(self, target, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oracle = target
+
+    def _draft_tokens(self, draft_ids, num):
+        text = self.draft_tokenizer.decode(draft_ids)
+        ids = torch.tensor([self.target_tokenizer(text, add_special_tokens=False)["input_ids"]])
+        out = self.oracle.generate(ids, max_new_tokens=num + 2, do_sample=False)[0].tolist()
+        continuation = self.target_tokenizer.decode(out)[len(self.target_tokenizer.decode(ids[0].tolist())) :]
+        return self.draft_tokenizer(continuation, add_special_tokens=False)["input_ids"][:num], False
+
+
+# --- drafters that record what they are handed ------------------------------------------------------------------------
+class RecordingEagle(EagleDrafter):
+    """Keeps each row's features when it leaves the batch, by its original row index."""
+
+    def start(self, *args, **kwargs):
+        super().start(*args, **kwargs)
+        self.row_ids, self.final = list(range(len(self.features))), {}
+
+    def select_rows(self, rows):
+        for b, original in enumerate(self.row_ids):
+            self.final[original] = self.features[b]
+        self.row_ids = [self.row_ids[b] for b in rows]
+        super().select_rows(rows)
+
+
 def lie_about_second_q(drafter):
     """A negative control: `drafter` now reports its FIRST draft's distribution for its second draft as well, so that
     a rule trusting the reported q accepts second drafts with the wrong probability (nothing else changes)."""
@@ -235,5 +283,6 @@ def lie_about_second_q(drafter):
     return drafter
 
 
-__all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "quiet_last_layer", "agreeing_eagle", "fitted_heads",
-           "fitted_eagle3", "fitted_block", "lie_about_second_q"]
+__all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "PAD", "left_pad", "quiet_last_layer",
+           "agreeing_eagle", "fitted_heads", "fitted_eagle3", "fitted_block", "TargetOracleDrafter", "RecordingEagle",
+           "lie_about_second_q"]

@@ -3,11 +3,15 @@ fail fast with the names the library knows."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import hf_specdec
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, as_drafter, speculative_generate
+from hf_specdec.assistants import claim
+from hf_specdec.draft_length import _LEARNED
 from hf_specdec.names import check as check_name
 from hf_specdec.names import UnknownDrafterError
 from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter
@@ -100,8 +104,6 @@ def test_shipped_names_work_everywhere(smollm):
 def test_a_name_is_built_once_per_target_and_kept_with_it(tmp_path, monkeypatch):
     """`assistant="<saved Medusa folder>:chain"` loads the heads at the first call only, on both routes; `recycle`'s
     table and the adaptive policy of a name carry over from one call to the next, on both routes."""
-    from hf_specdec.draft_length import _LEARNED
-
     target = tiny_llama()
     folder = tmp_path / "heads"
     MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).save_pretrained(folder)
@@ -143,10 +145,6 @@ def test_a_name_is_built_once_per_target_and_kept_with_it(tmp_path, monkeypatch)
 def test_a_busy_drafter_is_not_shared_between_threads():
     """Two threads decoding with one name each get a drafter of their own for the call; a drafter object already
     decoding in another thread is refused with a message that says what to do."""
-    import threading
-
-    from hf_specdec.assistants import claim
-
     target = tiny_llama()
     with claim("ngram", target) as first:
         assert first is hf_specdec.get_assistant(target, "ngram")

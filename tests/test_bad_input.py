@@ -7,8 +7,11 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 import hf_specdec
-from hf_specdec import speculative_generate
+from hf_specdec import MedusaConfig, MedusaHeads, speculative_generate
+from hf_specdec.diagnostics import count_forwards
+from hf_specdec.drafters import MedusaDrafter, RecycleDrafter
 from tests.conftest import perturbed_copy, random_prompts, tiny_llama
+from tests.speculation import assert_speculated
 
 PROMPT = random_prompts(1, seed=5)[0]
 
@@ -100,8 +103,6 @@ class OneRowDrafter(hf_specdec.SequenceDrafter):
 
 
 def test_a_drafter_that_cannot_batch_drafts_row_by_row(pair):
-    from tests.speculation import assert_speculated
-
     target, drafter = pair
     prompts = random_prompts(2, seed=8)
     width = max(p.shape[1] for p in prompts)
@@ -141,10 +142,6 @@ def test_encoder_decoder_target():
 @pytest.mark.parametrize("kind", ["medusa tree", "token recycling"])
 def test_trees_refuse_flash_attention_before_any_forward(kind):
     """Tree verification needs a 4-D attention mask, which flash attention does not take: refused before any work."""
-    from hf_specdec import MedusaConfig, MedusaHeads
-    from hf_specdec.diagnostics import count_forwards
-    from hf_specdec.drafters import MedusaDrafter, RecycleDrafter
-
     target = tiny_llama()
     drafter = (MedusaDrafter(MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).bind_target(target),
                              tree=[[0], [1], [0, 0]]) if kind == "medusa tree" else RecycleDrafter())

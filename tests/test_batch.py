@@ -5,22 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import SpeculationStats, speculative_generate
-from tests.conftest import ARCHITECTURES, perturbed_copy, random_prompts, tiny_llama
+from hf_specdec import SpeculationStats, as_drafter, speculative_generate
+from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, NgramDrafter, SelfSpeculativeDrafter
+from tests.conftest import (
+    ARCHITECTURES,
+    bpe_tokenizer,
+    char_tokenizer,
+    perturbed_copy,
+    random_prompts,
+    sentences,
+    tiny_llama,
+)
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution
-from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated
-
-PAD = 0
-
-
-def left_pad(prompts):
-    width = max(p.shape[1] for p in prompts)
-    ids = torch.full((len(prompts), width), PAD)
-    mask = torch.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, width - p.shape[1] :] = p[0]
-        mask[b, width - p.shape[1] :] = 1
-    return ids, mask
+from tests.speculation import PAD, ScriptedCosts, TargetOracleDrafter, assert_adapted, assert_speculated, left_pad
 
 
 @pytest.mark.parametrize("arch_name", ["llama", "gpt2", "qwen2"])
@@ -133,8 +130,6 @@ def _ragged_batch_check(target, assistant, vocab, prompts, k_values=(2, 5), step
 
 
 def test_ngram_in_batches(one_thread):
-    from hf_specdec import NgramDrafter
-
     target = tiny_llama(vocab=8, seed=0)  # a small vocabulary repeats itself: the n-gram index finds matches
     prompts = random_prompts(6, vocab=8, seed=3, min_len=4, max_len=14)
     stats = _ragged_batch_check(target, NgramDrafter(), 8, prompts)
@@ -142,8 +137,6 @@ def test_ngram_in_batches(one_thread):
 
 
 def test_self_speculation_in_batches(one_thread):
-    from hf_specdec.drafters import SelfSpeculativeDrafter
-
     target = tiny_llama(layers=3, seed=0)
     stats = _ragged_batch_check(target, SelfSpeculativeDrafter(num_layers=2), 96, random_prompts(6, seed=4, min_len=2))
     assert_speculated(stats, depth=2, rows=6, uneven=True)
@@ -154,8 +147,6 @@ def test_self_speculation_in_batches(one_thread):
 
 
 def test_cross_tokenizer_drafter_in_batches_row_by_row(one_thread):
-    from tests.test_cross_tokenizer import TargetOracleDrafter, bpe_tokenizer, char_tokenizer, sentences
-
     target_tok, draft_tok = char_tokenizer(), bpe_tokenizer()
     target = tiny_llama(vocab=len(target_tok))
     # the target's own continuation seen through text and the other tokenizer: drafts that are often right
@@ -167,8 +158,6 @@ def test_cross_tokenizer_drafter_in_batches_row_by_row(one_thread):
 
 def test_fallback_drafter_batches_and_picks_per_row(one_thread):
     """n-gram where it matches, a draft model elsewhere: exact in ragged batches with EOS, and both drafters served."""
-    from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, NgramDrafter
-
     served = {"ngram": 0, "model": 0}
 
     class CountedNgram(NgramDrafter):
@@ -192,9 +181,6 @@ def test_fallback_drafter_batches_and_picks_per_row(one_thread):
 
 
 def test_fallback_drafter_sampling_mixes_one_hot_and_model_q():
-    from hf_specdec import as_drafter
-    from hf_specdec.drafters import FallbackDrafter, NgramDrafter
-
     target = tiny_llama(vocab=12, seed=0)
     combined = FallbackDrafter(NgramDrafter(), as_drafter(tiny_llama(vocab=12, seed=7)))
     prompts = [torch.tensor([[1, 5, 1, 5, 1]]), torch.tensor([[3, 9]])]  # row 0 repeats itself, row 1 does not

@@ -10,8 +10,15 @@ from hf_specdec import AutoDrafter, BlockDrafterConfig, BlockDrafterModel, Specu
 from hf_specdec.drafters import BlockDrafter
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_block, lie_about_second_q
-from tests.test_batch import PAD, left_pad
+from tests.speculation import (
+    PAD,
+    ScriptedCosts,
+    assert_adapted,
+    assert_speculated,
+    fitted_block,
+    left_pad,
+    lie_about_second_q,
+)
 
 ARCHS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
 

@@ -4,6 +4,7 @@ keep theirs. The trainer's half of this is in test_distill.py."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -11,9 +12,12 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
-from hf_specdec.cli import main
+from hf_specdec import SpecDrafterForCausalLM
+from hf_specdec.cli import _target_flags, load_target_from, main
 from hf_specdec.errors import InputError
+from hf_specdec.models.spec_drafter import drafter_config_from_target
 from tests.conftest import tiny_char_tokenizer, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,9 +109,6 @@ def test_unknown_target(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def drafter_folder(tmp_path_factory):
-    from hf_specdec import SpecDrafterForCausalLM
-    from hf_specdec.models.spec_drafter import drafter_config_from_target
-
     target = tiny_llama()
     folder = tmp_path_factory.mktemp("push") / "drafter"
     SpecDrafterForCausalLM(drafter_config_from_target(target.config, num_hidden_layers=1)).save_pretrained(folder)
@@ -196,18 +197,10 @@ def test_a_device_this_machine_lacks_is_refused_before_loading(tmp_path, capsys,
 @pytest.mark.parametrize("flags, dtype", [([], "float32"), (["--dtype", "bfloat16"], "bfloat16"),
                                           (["--dtype", "float16", "--device-map", "cpu"], "float16")])
 def test_dtype_and_device_map_reach_the_target(tmp_path, flags, dtype):
-    import argparse
-
-    import torch
-
-    from hf_specdec.cli import load_target_from
-
     folder = tmp_path / "target"
     tiny_llama().save_pretrained(folder)
     tiny_char_tokenizer().save_pretrained(folder)
     parser = argparse.ArgumentParser()
-    from hf_specdec.cli import _target_flags
-
     _target_flags(parser)
     target, _ = load_target_from(parser.parse_args(flags), str(folder))
     assert target.dtype == getattr(torch, dtype) and target.device.type == "cpu"

@@ -1,53 +1,26 @@
 """Cross-tokenizer drafting: a draft model with another tokenizer; greedy and sampled output stay exact.
 
-Two offline tokenizers over a small alphabet, built here with the `tokenizers` library: a character-level one and a
-BPE one (trained on a few hundred random "sentences"), each with a tiny random model.
+Two offline tokenizers over a small alphabet, built with the `tokenizers` library (in conftest.py): a character-level
+one and a BPE one (trained on a few hundred random "sentences"), each with a tiny random model.
 """
 
 from __future__ import annotations
 
 import random
+import string
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec import SpeculationStats, load_default_target, speculative_generate
 from hf_specdec.drafters import CrossTokenizerDrafter
-from tests.conftest import tiny_gpt2, tiny_llama
+from tests.conftest import bpe_tokenizer, char_tokenizer, sentences, tiny_gpt2, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
-from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated
-
-ALPHABET = "abcdef"
-
+from tests.speculation import ScriptedCosts, TargetOracleDrafter, assert_adapted, assert_speculated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def sentences(n, seed=0):
-    rng = random.Random(seed)
-    words = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 5))) for _ in range(40)]
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "." for _ in range(n)]
-
-
-def bpe_tokenizer(vocab_size=60):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="_", prepend_scheme="never")
-    tok.decoder = decoders.Metaspace(replacement="_", prepend_scheme="never")
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=list(ALPHABET + "._"), show_progress=False
-    )
-    tok.train_from_iterator(sentences(400), trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-
-
-def char_tokenizer():
-    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(ALPHABET + " .")}}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per character
-    tok.add_special_tokens(["<eos>"])
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
 @pytest.fixture(scope="module")
@@ -61,22 +34,6 @@ def test_tokenizers_differ_and_round_trip(tokenizers):
     assert len(ids["bpe"]) < len(ids["char"])
     for name, tok in tokenizers.items():
         assert tok.decode(ids[name]) == text
-
-
-class TargetOracleDrafter(CrossTokenizerDrafter):
-    """Replaces the draft model by the target's own greedy continuation, seen only through text and the draft
-    tokenizer: a near-perfect drafter, so a high acceptance tests the text alignment in both directions."""
-
-    def __init__(self, target, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.oracle = target
-
-    def _draft_tokens(self, draft_ids, num):
-        text = self.draft_tokenizer.decode(draft_ids)
-        ids = torch.tensor([self.target_tokenizer(text, add_special_tokens=False)["input_ids"]])
-        out = self.oracle.generate(ids, max_new_tokens=num + 2, do_sample=False)[0].tolist()
-        continuation = self.target_tokenizer.decode(out)[len(self.target_tokenizer.decode(ids[0].tolist())) :]
-        return self.draft_tokenizer(continuation, add_special_tokens=False)["input_ids"][:num], False
 
 
 PAIRS = {  # target tokenizer -> draft tokenizer, with the tiny architectures used for each
@@ -186,10 +143,6 @@ def test_real_smollm2_target_with_a_character_level_draft_tokenizer():
     """SmolLM2's byte-level BPE and chat template against a character-level draft tokenizer: the target-oracle
     drafter (the target's own continuation, passed through text and characters) must be accepted most of the time,
     which only happens when both conversions line up on real text."""
-    import string
-
-    from hf_specdec import load_default_target
-
     model, target_tok = load_default_target()
     vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(string.printable)}}
     char = Tokenizer(models.BPE(vocab=vocab, merges=[]))

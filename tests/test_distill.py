@@ -1,10 +1,8 @@
-"""training/distill.py on a tiny random target built here (tokenizer, chat template and data made offline)."""
+"""training/distill.py on a tiny random target (tokenizer, chat template and data made offline: distill_world.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
 import socket
 import subprocess
@@ -16,9 +14,14 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
+from accelerate.state import AcceleratorState
+from huggingface_hub.utils import filter_repo_objects
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import hf_specdec
+from hf_specdec import kinds
+from hf_specdec.cache.hidden import decoder_layers, entering_layers
+from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 import hf_specdec.drafters
 import hf_specdec.hub
@@ -32,6 +35,9 @@ from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
 from training import adapters, arguments, checkpoints, distill, evaluate, layer_states, losses, medusa, prepare, sources, states, token_drafters  # noqa: E402
 from training import data as teacher_data  # noqa: E402
 from training import target as deployed  # noqa: E402
+from tests.bigram_kind import BIGRAM, BigramTable  # noqa: E402
+from tests.conftest import tiny_llama  # noqa: E402
+from tests.distill_world import build_tiny_world, subprocess_env  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -40,40 +46,6 @@ def _one_thread():
     torch.set_num_threads(1)  # tiny models: a second thread only adds contention
     yield
     torch.set_num_threads(threads)
-
-
-def build_tiny_world(root: Path) -> dict:
-    """A 2-layer random Llama target (all projection widths multiples of 32, as bitsandbytes' 4-bit CPU kernel needs),
-    a word-level tokenizer with a chat template, 80 conversations (JSONL) and a 'dev' file excluding one of them."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
-    words = [f"w{i}" for i in range(90)]
-    vocab = {t: i for i, t in enumerate(specials + words)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|end|>")
-    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|> {% endif %}")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0, initializer_range=0.3, tie_word_embeddings=False)
-    target = root / "target"
-    LlamaForCausalLM(config).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    rng = random.Random(0)
-    rows = []
-    for i in range(80):
-        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(3, 10)))
-        reply = " ".join(rng.choice(words) for _ in range(rng.randint(5, 20)))
-        rows.append({"id": f"c{i}_0", "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "dev.jsonl").write_text(json.dumps({"id": "c0_0", "prompt": rows[0]["messages"][0]["content"]}) + "\n")
-    return {"root": root, "target": target, "data": root / "data.jsonl", "dev": root / "dev.jsonl",
-            "excluded_prompt": rows[0]["messages"][0]["content"]}
 
 
 @pytest.fixture(scope="module")
@@ -115,19 +87,12 @@ def cli(world, out: Path, **overrides) -> list[str]:
 
 
 def run_in_process(argv):
-    from accelerate.state import AcceleratorState
-
     threads = torch.get_num_threads()
     AcceleratorState._reset_state(reset_partial_state=True)  # each run sets its own (mixed precision, processes)
     try:
         return distill.main(argv)
     finally:
         torch.set_num_threads(threads)
-
-
-def subprocess_env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1"}
 
 
 def assert_evaluated_speculatively(evaluation: dict) -> None:
@@ -296,8 +261,6 @@ def test_push_to_hub_uploads_exactly_the_drafter_folder(trained):
     expected = sorted(expected + [f"custom_generate/{n}" for n in [*hf_specdec.hub.bundle_sources(), "requirements.txt"]])
     assert call.kwargs["allow_patterns"] == expected
     assert "token" not in call.kwargs and "token" not in api.create_repo.call_args.kwargs
-    from huggingface_hub.utils import filter_repo_objects
-
     every_file = [str(p.relative_to(trained["out"])) for p in trained["out"].rglob("*") if p.is_file()]
     assert sorted(filter_repo_objects(every_file, allow_patterns=call.kwargs["allow_patterns"])) == expected
     assert (trained["out"] / "model.safetensors").stat().st_size < 200_000
@@ -480,8 +443,6 @@ def test_scoring_records_a_feature_drafters_states_in_the_same_forward(world, tm
     """Preparing for --drafter eagle3, the parts scored now get their states from the scoring forward itself; a part an
     earlier token-only preparation made gets one pass of its own; and the merged file equals a separate pass over the
     whole set, row for row."""
-    from hf_specdec.cache.hidden import entering_layers
-
     common = dict(prepare_only=True, teacher_data="score", num_generate=0, prepare_part_size=8, heldout_prompts=2,
                   data_cache_dir=tmp_path / "cache")
     run_in_process(cli(world, tmp_path / "a", num_score=8, **common))  # part 0, without states
@@ -502,11 +463,6 @@ def test_scoring_records_a_feature_drafters_states_in_the_same_forward(world, tm
 def test_target_features_are_memory_mapped_and_a_killed_pass_continues(tmp_path):
     """The feature pass writes a memory-mapped .npy as it goes; killed mid-way, a rerun continues from its last saved
     batch and ends with the file an uninterrupted pass writes."""
-    import numpy as np
-
-    from hf_specdec.cache.hidden import decoder_layers
-    from tests.conftest import tiny_llama
-
     target = tiny_llama(vocab=40, layers=3)
     g = torch.Generator().manual_seed(0)
     records = [teacher_data.make_record(torch.randint(0, 40, (n,), generator=g).tolist(), 2, torch.zeros(n - 2, 4, dtype=torch.int32),
@@ -566,9 +522,6 @@ def test_data_curve_subsets_are_nested_and_keep_their_features():
 def test_training_time_test_passes_see_what_drafting_ahead_sees():
     """Pass r's logits at position j equal the drafter's, decoding as the loop does: its cache fed (t_i, fused target
     state at i - 1) up to position j - r, then r steps that each feed the next token with its own previous output."""
-    from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
-    from tests.conftest import tiny_llama
-
     target = tiny_llama(vocab=40, layers=4)
     torch.manual_seed(0)
     drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0, initializer_range=0.3)).eval()
@@ -622,9 +575,6 @@ def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
 
 # --- a registered kind trains with no edit to the trainer ----------------------------------------------------------------
 def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_trainer(world, tmp_path, monkeypatch):
-    from hf_specdec import kinds
-    from tests.test_kinds import BIGRAM, BigramTable
-
     monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
     kinds.register_drafter_kind(BIGRAM)
     out = tmp_path / "bigram"

@@ -14,14 +14,16 @@ from hf_specdec.cache.hidden import final_norm
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import (
+    PAD,
+    RecordingEagle,
     ScriptedCosts,
     agreeing_eagle,
     assert_adapted,
     assert_speculated,
+    left_pad,
     lie_about_second_q,
     quiet_last_layer,
 )
-from tests.test_batch import PAD, left_pad
 
 
 def eagle_for(target, seed=3, draft_vocab_size=0):
@@ -70,20 +72,6 @@ def test_eagle_batched_greedy_identical_with_eos(one_thread):
                                   speculation_stats=stats, **kwargs, draft_length="constant")
             assert torch.equal(out, expected), f"batch={batch_size} k={k}"
     assert_speculated(stats, depth=3, rows=6, uneven=True)
-
-
-class RecordingEagle(EagleDrafter):
-    """Keeps each row's features when it leaves the batch, by its original row index."""
-
-    def start(self, *args, **kwargs):
-        super().start(*args, **kwargs)
-        self.row_ids, self.final = list(range(len(self.features))), {}
-
-    def select_rows(self, rows):
-        for b, original in enumerate(self.row_ids):
-            self.final[original] = self.features[b]
-        self.row_ids = [self.row_ids[b] for b in rows]
-        super().select_rows(rows)
 
 
 def test_eagle_receives_the_targets_real_hidden_states(one_thread):

@@ -12,9 +12,16 @@ from hf_specdec.drafters import Eagle3Drafter
 from hf_specdec.models.eagle3 import default_layer_ids
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_eagle3, lie_about_second_q
-from tests.test_batch import PAD, left_pad
-from tests.test_eagle import RecordingEagle
+from tests.speculation import (
+    PAD,
+    RecordingEagle,
+    ScriptedCosts,
+    assert_adapted,
+    assert_speculated,
+    fitted_eagle3,
+    left_pad,
+    lie_about_second_q,
+)
 
 ARCHS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
 
@@ -65,7 +72,7 @@ def test_eagle3_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_t
 
 
 class RecordingEagle3(RecordingEagle, Eagle3Drafter):
-    """test_eagle's recorder (each row's features kept when it leaves the batch) on an EAGLE-3 drafter."""
+    """The EAGLE recorder (each row's features kept when it leaves the batch) on an EAGLE-3 drafter."""
 
 
 def test_eagle3_receives_the_states_entering_its_layers(one_thread):

@@ -9,6 +9,8 @@ from unittest import mock
 
 import pytest
 
+from tests.distill_world import build_tiny_world, subprocess_env
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -47,8 +49,6 @@ def test_custom_generate_folder(capsys, monkeypatch):
 
 
 def test_distill_and_push(tmp_path, capsys, monkeypatch):
-    from tests.test_distill import build_tiny_world, subprocess_env
-
     world = build_tiny_world(tmp_path)
     monkeypatch.setattr("os.environ", subprocess_env())
     tiny = ["--data", world["data"], "--exclude-ids", world["dev"], "--num-generate", 8, "--num-score", 8,

@@ -9,6 +9,13 @@ import torch
 
 import hf_specdec
 from hf_specdec import DraftModelDrafter, NgramDrafter, SpeculationStats, speculative_generate
+from hf_specdec.draft_length import (
+    AdaptiveDraftLength,
+    ChainAcceptance,
+    ConstantDraftLength,
+    StepOutcome,
+    as_draft_length_policy,
+)
 from tests.conftest import ARCHITECTURES, VOCAB, perturbed_copy, random_prompts
 from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated
 
@@ -145,8 +152,6 @@ def test_adaptive_draft_length_is_exact(arch_name):
 
 
 def test_adaptive_policy_weighs_acceptance_against_step_cost():
-    from hf_specdec.draft_length import AdaptiveDraftLength, StepOutcome, as_draft_length_policy
-
     def run(accept_prob, draft_cost, verify_cost, steps=200, cap=6):
         """Simulated steps: each draft accepted with accept_prob; costs in seconds."""
         gen = torch.Generator().manual_seed(0)
@@ -174,8 +179,6 @@ def test_adaptive_policy_weighs_acceptance_against_step_cost():
 def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
     """A plain step (k = 0) says nothing about the next token: the next choice uses the pooled acceptance, not the
     pessimistic 'after a rejection' counts (which would keep choosing k = 0 forever)."""
-    from hf_specdec.draft_length import AdaptiveDraftLength
-
     policy = AdaptiveDraftLength(confidence_threshold=None)
     policy.start(2)
     policy.record_costs(2, 0.0, 1.0)  # first step: prompt, not timed
@@ -198,8 +201,6 @@ def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
 def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
     """A drafter that stops on low confidence tells the loop so, and the policy is told one more position was tried
     (and missed); the output is still plain greedy's."""
-    from hf_specdec.draft_length import ConstantDraftLength
-
     class Recording(ConstantDraftLength):
         def update(self, outcome):
             tried.append(max(outcome.num_tried))  # (per row; one row here)
@@ -221,8 +222,6 @@ def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
 def test_adaptive_policy_remembers_positions_it_rarely_tries():
     """Position 2 missed whenever tried; then many steps try position 1 only. Its estimate must not fade back to the
     prior (which made the policy jump to a longer draft on no evidence)."""
-    from hf_specdec.draft_length import ChainAcceptance
-
     chain = ChainAcceptance()
     for _ in range(20):
         chain.record_prefixes(2, 1)  # first accepted, second missed

@@ -16,8 +16,7 @@ from hf_specdec.diagnostics import count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, RecycleDrafter
 from hf_specdec.drafters.self_speculative import SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_llama
-from tests.speculation import agreeing_eagle, fitted_heads, quiet_last_layer
-from tests.test_batch import PAD, left_pad
+from tests.speculation import PAD, agreeing_eagle, fitted_heads, left_pad, quiet_last_layer
 
 MAX_SYNCS_PER_STEP = 2.0
 

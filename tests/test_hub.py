@@ -20,14 +20,18 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import LlamaForCausalLM, T5Config
+from transformers import AutoConfig, LlamaForCausalLM, T5Config
+from transformers.dynamic_module_utils import get_imports, get_relative_import_files
+from transformers.utils.import_utils import split_package_version
 
 import hf_specdec
 from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, MedusaConfig, MedusaHeads, SpecDrafterForCausalLM
 from hf_specdec.cli import main as cli
 from hf_specdec.drafters import DraftModelDrafter, Eagle3Drafter, EagleDrafter, MedusaDrafter
+from hf_specdec.export import export_drafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
 from hf_specdec.hub.card import drafter_kind
+from hf_specdec.integrations.custom_generate import generate
 from hf_specdec.models.spec_drafter import drafter_config_from_target
 
 from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
@@ -158,9 +162,6 @@ def test_auto_drafter_names_what_it_supports(world, tmp_path):
 
 # --- custom_generate/ ------------------------------------------------------------------------------------------------
 def test_custom_generate_folder_is_the_installed_library(world):
-    from transformers.dynamic_module_utils import get_imports, get_relative_import_files
-    from transformers.utils.import_utils import split_package_version
-
     folder = world["agreeing"] / "custom_generate"
     files = {p.name: p.read_text() for p in folder.iterdir()}
     assert {name: text for name, text in files.items() if name.endswith(".py")} == bundle_sources()
@@ -179,8 +180,6 @@ def test_custom_generate_folder_is_the_installed_library(world):
         stripped = [l for l in code(source) if not (".register(" in l and not l.startswith(" "))]  # module level
         assert code(files[name])[1:] == stripped, name  # [1:]: the header
     # loaded next to an installed hf_specdec, the copy registers nothing over it with transformers' Auto classes
-    from transformers import AutoConfig
-
     world["target"].load_custom_generate(str(world["agreeing"]), trust_remote_code=True)
     assert AutoConfig.for_model("hf_specdec_drafter").__class__ is hf_specdec.SpecDrafterConfig
     requirements = files["requirements.txt"].split()
@@ -252,8 +251,6 @@ def test_custom_generate_decodes_exactly_without_hf_specdec(world, tmp_path):
 
 
 def test_custom_generate_takes_an_explicit_drafter(world):
-    from hf_specdec.integrations.custom_generate import generate
-
     target = world["target"]
     prompt = random_prompts(1, seed=5)[0]
     plain = target.generate(prompt, max_new_tokens=10, do_sample=False)
@@ -451,8 +448,6 @@ def test_export_vllm_eagle3_matches_vllms_eagle3_loader(world, tmp_path):
 
 
 def test_export_refuses_the_wrong_format(world, tmp_path):
-    from hf_specdec.export import export_drafter
-
     target = world["target"]
     with pytest.raises(ValueError, match="--format vllm-draft"):
         export_drafter(world["agreeing"], target, tmp_path / "x", "vllm-eagle")

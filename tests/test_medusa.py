@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
+import warnings
+
 import pytest
 import torch
+from transformers import DynamicCache
 
+import hf_specdec.generation.validate as rules
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, speculative_generate
 from hf_specdec import as_drafter
+from hf_specdec.cache.ragged import RaggedKV
 from hf_specdec.drafters import MedusaDrafter
+from hf_specdec.drafters.positionwise import best_tree, tree_parents
 from hf_specdec.models.spec_drafter import TargetNotBoundError
+from hf_specdec.tree import Tree
+from hf_specdec.verification import Accepted, residual_distribution
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, fitted_heads, lie_about_second_q
-from tests.test_batch import PAD, left_pad
+from tests.speculation import (
+    PAD,
+    ScriptedCosts,
+    assert_adapted,
+    assert_speculated,
+    fitted_heads,
+    left_pad,
+    lie_about_second_q,
+)
 
 PROMPTS16 = random_prompts(10, vocab=16, seed=6)
 SAMPLING_PROMPT = torch.tensor([[1, 5, 7, 2]])
@@ -142,11 +158,6 @@ def test_medusa_round_trip(tmp_path, one_thread):
 def test_tree_forward_matches_plain_forwards_of_each_path(one_thread):
     """Every node's logits equal a plain forward of prefix + the node's path (mask and positions are right), for a
     left-padded batch, and the cache then holds exactly the kept path."""
-    from transformers import DynamicCache
-
-    from hf_specdec.cache.ragged import RaggedKV
-    from hf_specdec.tree import Tree
-
     target = tiny_llama(vocab=16, seed=0)
     tree = Tree([-1, -1, 0, 0, 1, 2])
     ids, mask = left_pad(random_prompts(2, vocab=16, seed=3, min_len=3, max_len=7))
@@ -216,8 +227,6 @@ def test_medusa_tree_sampling_matches_target(sampling_target, one_thread):
 def wrong_below_the_root(tokens, tree, probs, q=None, valid=None, generator=None):
     """`verification.rejection_sample` with a rule that is easy to get wrong: after a rejected sibling BELOW the root,
     the next sibling is tried against the same p instead of the residual norm(max(0, p' - onehot))."""
-    from hf_specdec.verification import Accepted, residual_distribution
-
     batch = tokens.shape[0]
     rows = torch.arange(batch)
     children = tree.tensors(tokens.device)["children"]
@@ -244,18 +253,12 @@ def wrong_below_the_root(tokens, tree, probs, q=None, valid=None, generator=None
 
 def test_medusa_tree_sampling_negative_control_at_depth_two(sampling_target, one_thread, monkeypatch):
     """The test sees an error that only touches siblings at depth 2: it really verifies them."""
-    import hf_specdec.generation.validate as rules
-
     target, heads = sampling_target
     monkeypatch.setattr(rules, "rejection_sample", wrong_below_the_root)
     assert sampling_pvalue(target, MedusaDrafter(heads, tree=SIBLING_TREE), SpeculationStats(), num_draft_tokens=None) < 1e-6
 
 
 def test_best_tree_takes_the_most_likely_nodes():
-    import itertools
-
-    from hf_specdec.drafters.positionwise import best_tree, tree_parents
-
     gen = torch.Generator().manual_seed(0)
     accuracy = (torch.rand(3, 4, generator=gen) * 0.5).sort(dim=1, descending=True).values.tolist()
     value = lambda path: torch.tensor([accuracy[d][r] for d, r in enumerate(path)]).prod().item()  # noqa: E731
@@ -281,8 +284,6 @@ def test_bad_trees_are_refused():
 
 
 def test_typical_acceptance_is_opt_in_lossy_and_checked(sampling_target, one_thread):
-    import warnings
-
     target, heads = sampling_target
     prompt = SAMPLING_PROMPT
     base = dict(custom_generate=speculative_generate, max_new_tokens=3)
@@ -308,8 +309,6 @@ def test_typical_acceptance_is_opt_in_lossy_and_checked(sampling_target, one_thr
 def test_typical_acceptance_accepts_and_is_lossy(sampling_target, tree, one_thread):
     """With a bar of 0 every draft the target gives any probability passes: most drafts are accepted, every token
     stays in the target's support, and the output is measurably NOT the target's distribution (the lossy rule ran)."""
-    import warnings
-
     target, heads = sampling_target
     stats = SpeculationStats()
     with warnings.catch_warnings():

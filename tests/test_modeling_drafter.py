@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec.models.spec_drafter import (
@@ -17,6 +17,7 @@ from hf_specdec.models.spec_drafter import (
     TargetNotBoundError,
     drafter_config_from_target,
 )
+from tests.speculation import assert_speculated, quiet_last_layer
 
 VOCAB = 96
 
@@ -127,8 +128,6 @@ def test_cache_matches_full_forward_and_generate_works():
     drafter = tiny_drafter(target, layers=2, draft_vocab_size=50).bind_target(target)
     ids = torch.randint(2, VOCAB, (1, 9))
     full = drafter(ids).logits
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=drafter.config)
     first = drafter(ids[:, :5], cache=cache, use_cache=True).logits
     rest = [drafter(ids[:, i : i + 1], cache=cache, use_cache=True).logits for i in range(5, 9)]
@@ -170,8 +169,6 @@ def test_a_smollm2_sized_drafter_fits_the_size_budget(tmp_path):
 
 @pytest.mark.parametrize("draft_vocab_size", [0, 60])
 def test_speculative_decoding_with_the_drafter_is_exact(draft_vocab_size):
-    from tests.speculation import assert_speculated, quiet_last_layer
-
     target = quiet_last_layer(tiny_target())
     drafter = tiny_drafter(target, draft_vocab_size=draft_vocab_size)  # unbound: generate() binds it
     with torch.no_grad():  # the target's first layer and final norm: a drafter that often agrees

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec import SpeculationStats, speculative_generate, verification
 from hf_specdec import as_drafter
 from hf_specdec.drafters import NgramDrafter
 from hf_specdec.drafters import DraftSettings
@@ -236,8 +236,6 @@ def test_sampling_matches_target(sampling_target):
 
 def test_sampling_negative_control_fails(sampling_target, monkeypatch):
     """The same test, with a broken rule (resample from p after a rejection), must fail at this sample size."""
-    from hf_specdec import verification
-
     monkeypatch.setattr(verification, "residual_distribution", lambda p, q: p)
     pvalue = _sampled_pvalue(sampling_target, NgramDrafter(1, 3), dict(temperature=1.5, top_k=8), SpeculationStats())
     assert pvalue < 1e-4

@@ -10,8 +10,7 @@ from hf_specdec import SpeculationStats, as_drafter, speculative_generate, verif
 from hf_specdec.drafters import FallbackDrafter, NgramDrafter, RecycleDrafter
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import assert_speculated
-from tests.test_batch import PAD, left_pad
+from tests.speculation import PAD, assert_speculated, left_pad
 
 CHAIN = [[0], [0, 0], [0, 0, 0]]  # the top-1 successor, then its top-1 successor...
 SIBLINGS = [[0], [0, 0], [1], [0, 1], [1, 0], [2]]  # siblings at the root and, within the first 4 nodes, below it

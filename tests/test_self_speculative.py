@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec import SpeculationStats, load_default_target, speculative_generate
 from hf_specdec import as_drafter
 from hf_specdec.drafters import SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
@@ -185,8 +185,6 @@ def test_sampling_with_all_layers_accepts_nearly_everything(sampling_target):
 
 @pytest.mark.slow
 def test_real_smollm2_all_layers_and_early_exit():
-    from hf_specdec import load_default_target
-
     model, tokenizer = load_default_target()
     enc = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Give me three tips for writing clear emails."}], add_generation_prompt=True,

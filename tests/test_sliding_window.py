@@ -11,7 +11,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, Mistral
 import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec.drafters import CrossTokenizerDrafter, MedusaDrafter, SelfSpeculativeDrafter
-from tests.conftest import perturbed_copy, random_prompts
+from tests.conftest import bpe_tokenizer, char_tokenizer, perturbed_copy, random_prompts
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
 from tests.speculation import assert_speculated, fitted_heads
 
@@ -60,8 +60,6 @@ def test_greedy_past_the_window_with_a_draft_model_of_the_same_family(name):
 def test_every_kind_of_cache_past_the_window_through_enable():
     """Self-speculation (a cache of its own on sliding targets), a cross-tokenizer drafter whose draft model slides,
     Medusa chains (the target's cache alone) and n-gram lookup, through `enable()`."""
-    from tests.test_cross_tokenizer import bpe_tokenizer, char_tokenizer
-
     target = mistral()
     target_tok, draft_tok = char_tokenizer(), bpe_tokenizer()
     word_target = mistral(vocab_size=len(target_tok))

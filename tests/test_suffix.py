@@ -14,10 +14,9 @@ import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate, verification
 from hf_specdec.drafters import FallbackDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
 from hf_specdec.drafters.suffix import SuffixArray, index_of
-from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
+from tests.conftest import ARCHITECTURES, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import assert_speculated
-from tests.test_batch import PAD, left_pad
+from tests.speculation import PAD, assert_speculated, left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -165,8 +164,6 @@ def test_the_index_is_bounded_and_saves_and_loads(tmp_path):
 
 
 def test_warm_from_a_jsonl_of_earlier_answers(tmp_path):
-    from tests.conftest import tiny_char_tokenizer
-
     tokenizer = tiny_char_tokenizer()
     (tmp_path / "answers.jsonl").write_text('{"text": "abcabc"}\n{"text": "xyz"}\n{"other": 1}\n')
     index = SuffixIndex()

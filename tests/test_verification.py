@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 
 from hf_specdec import verification
 from hf_specdec.tree import Tree
-from hf_specdec.verification import greedy, one_hot_probs, rejection_sample, residual_distribution, typical
+from hf_specdec.verification import greedy, one_hot_probs, rejection_sample, residual_distribution, typical, typical_bar
 
 
 def test_greedy_accepts_the_prefix_then_the_targets_token():
@@ -96,8 +96,6 @@ def test_deterministic_drafter_one_hot_is_exact():
 
 
 def test_typical_acceptance_rule_follows_its_definition():
-    from hf_specdec.verification import typical_bar
-
     # position 0: peaked distribution (low entropy, so the bar is the threshold); position 1: flat (bar = alpha e^-H)
     p = torch.zeros(1, 3, 4)
     p[0, 0] = torch.tensor([0.85, 0.1, 0.04, 0.01])
