@@ -153,7 +153,7 @@ def phases(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     t = {name: 1000 * value / steps for name, value in timer.seconds.items()}
     draft_other = t.get("draft", 0) - t.get("drafter forwards", 0)
     verify_other = t["step"] - t.get("draft", 0) - t.get("target forward", 0) - t.get("accept", 0)
-    return {"batch": batch, "ms_per_step": t["call"], "drafter forwards": t.get("drafter forwards", 0),
+    return {"batch": batch, "the whole step (timers on)": t["call"], "drafter forwards": t.get("drafter forwards", 0),
             "drafting, the rest": draft_other, "target forward": t.get("target forward", 0),
             "accept (processors, rule, cache roll-back)": t.get("accept", 0),
             "step bookkeeping (verify call, host transfer)": verify_other, "emit (append, stats, policy, drop rows)": t["emit"],
