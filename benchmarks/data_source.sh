@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-$HOME/.cache/hf_specdec/runs}
 STEPS=${STEPS:-150}
-TOKENS=${TOKENS:-75000}
+TOKENS=${TOKENS:-70000}  # the scored set of 256 ShareGPT answers holds 70,393 target tokens
 COMMON="--drafter new --max-steps $STEPS --max-train-tokens $TOKENS --eval-every 0 --save-every 50 --eval-max-new-tokens 64"
 python training/distill.py $COMMON --teacher-data score --num-score 256 --output-dir "$RUNS/src-scored" --resume
 python training/distill.py $COMMON --teacher-data generate --num-generate 512 --max-new-tokens 192 --gen-batch-size 32 \
