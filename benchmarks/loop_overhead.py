@@ -35,7 +35,8 @@ def tiny_target(seed: int = 0) -> LlamaForCausalLM:
 
 
 def timed(fns: dict, repeats: int) -> dict:
-    """Median seconds of each function, the functions interleaved call by call (machine noise hits all alike)."""
+    """Seconds of each function in every round, the functions interleaved call by call (machine noise hits all alike:
+    this machine's speed drifts by tens of percent within minutes, so ratios are taken round by round)."""
     for fn in fns.values():
         fn()  # warm-up
     times = {name: [] for name in fns}
@@ -44,7 +45,7 @@ def timed(fns: dict, repeats: int) -> dict:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
@@ -66,7 +67,8 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
         drafter.generation_config.assistant_confidence_threshold = 0.0
         runs["theirs"] = lambda: target.generate(prompt, assistant_model=drafter, **common)
     steps = {name: count_forwards(target, fn) for name, fn in runs.items()}
-    seconds = timed(runs, repeats)
+    rounds = timed(runs, repeats)
+    seconds = {name: statistics.median(t) for name, t in rounds.items()}
     row = {"batch": batch, "k": k, "new_tokens": new_tokens, "hf_specdec_steps": steps["ours"],
            "hf_specdec_ms_per_step": 1000 * seconds["ours"] / steps["ours"],
            "hf_specdec_ms_per_token": 1000 * seconds["ours"] / new_tokens,
@@ -75,7 +77,9 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
         row.update(transformers_steps=steps["theirs"],
                    transformers_assisted_ms_per_step=1000 * seconds["theirs"] / steps["theirs"],
                    transformers_assisted_ms_per_token=1000 * seconds["theirs"] / new_tokens)
-        row["ratio_per_step"] = row["hf_specdec_ms_per_step"] / row["transformers_assisted_ms_per_step"]
+        # the median of the rounds' ratios (each round times both loops within a second of each other)
+        row["ratio_per_step"] = statistics.median(
+            (ours / steps["ours"]) / (theirs / steps["theirs"]) for ours, theirs in zip(rounds["ours"], rounds["theirs"]))
     with count_host_syncs(where=True) as syncs:
         ours()
     row["host_reads_per_step"] = syncs.total / steps["ours"]
@@ -165,7 +169,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=250)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

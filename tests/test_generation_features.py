@@ -100,6 +100,29 @@ def test_static_cache_matches_plain(pair, stats):
     assert_speculated(stats, depth=3)
 
 
+@pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
+def test_outputs_and_cache_usable_after_the_call(pair, stats, cache_implementation):
+    """Later steps run in inference mode: what the call hands back must still be ordinary tensors (updatable in place),
+    and its cache must carry on under a plain generate() exactly as plain decoding's own cache does."""
+    target, drafter = pair
+    prompt = PROMPTS[2]
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                  cache_implementation=cache_implementation)
+    plain = target.generate(prompt, **kwargs)
+    out = spec(target, drafter, prompt, stats=stats, **kwargs)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert not out.sequences.is_inference() and not any(s.is_inference() for s in out.scores)
+    out.sequences[0, -1] += 0  # in place, as a caller may
+    # continue both from their own caches with plain greedy decoding: the same tokens
+    follow = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    if cache_implementation == "static":  # a static cache is sized by its first call
+        follow["max_new_tokens"] = 3
+    again_plain = target.generate(plain.sequences, past_key_values=plain.past_key_values, **follow)
+    again_spec = target.generate(out.sequences, past_key_values=out.past_key_values, **follow)
+    assert torch.equal(again_spec.sequences, again_plain.sequences)
+    assert_speculated(stats, depth=2)
+
+
 def test_return_dict_scores_and_logits_one_per_token(pair):
     target, drafter = pair
     prompt = PROMPTS[1]
