@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import socket
 import subprocess
@@ -668,10 +669,15 @@ def test_no_usable_rows_is_an_error_that_says_why(world, tmp_path):
 def test_resume_refuses_other_arguments_and_a_new_run_refuses_a_used_folder(world, tmp_path):
     out = tmp_path / "run"
     run_in_process(cli(world, out, max_steps=3, eval_every=3, save_every=3))
+    # a run saved before an argument existed: the argument counts as its default
+    saved = json.loads((out / "run_args.json").read_text())
+    del saved["mixed_precision"]
+    (out / "run_args.json").write_text(json.dumps(saved))
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     with pytest.raises(InputError, match=r"--resume: .* holds a run with other arguments \(--loss 'fkl' -> 'tvd'; "
-                                         r"--seed 0 -> 1\)"):
-        run_in_process(cli(world, out, max_steps=6, eval_every=3, save_every=3, loss="tvd", seed=1) + ["--resume"])
+                                         r"--mixed-precision 'auto' -> 'bf16'; --seed 0 -> 1\)"):
+        run_in_process(cli(world, out, max_steps=6, eval_every=3, save_every=3, loss="tvd", seed=1,
+                           mixed_precision="bf16") + ["--resume"])
     with pytest.raises(InputError, match="holds another run or drafter; continue it with --resume, replace it with --overwrite"):
         run_in_process(cli(world, out, max_steps=3))
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing written or lost
@@ -734,6 +740,23 @@ def test_bf16_runs_the_target_in_bf16_and_the_drafter_in_mixed_precision(world, 
     assert prepare.data_cache_key(fp32) != Path(summary["data"]["cache_folder"]).name  # its own teacher data
     target, _ = deployed.load_target(arguments.parse_args(cli(world, out, dtype="bfloat16"))[0], torch.device("cpu"))
     assert target.dtype == torch.bfloat16
+
+
+def test_mixed_precision_bf16_autocasts_the_drafters_loss_while_the_target_stays_fp32(world, tmp_path):
+    """--mixed-precision bf16 with an fp32 target (the CPU's fast decoding dtype): every training step computes the
+    drafter's loss under bf16 autocast, evaluation runs against the fp32 target."""
+    casts, judged = [], []
+    real_autocast = torch.autocast
+    spy = lambda *a, **k: casts.append(k.get("dtype")) or real_autocast(*a, **k)  # noqa: E731
+    with mock.patch.object(torch, "autocast", spy), \
+            mock.patch.object(distill, "evaluate", lambda acc, adapter, model, target, *a: judged.append(target.dtype)
+                              or evaluate.evaluate(acc, adapter, model, target, *a)):
+        summary = run_in_process(cli(world, tmp_path / "run", mixed_precision="bf16", drafter="block", max_steps=2,
+                                     target_layers="1,2,2", block_size=3, block_anchors=8, eval_every=2, save_every=0,
+                                     data_cache_dir=tmp_path / "cache"))
+    assert casts.count(torch.bfloat16) >= 2  # one per training step at least
+    assert judged == [torch.float32] and summary["final_step"] == 2 and summary["best"]["target_forwards"] > 0
+    assert math.isfinite(summary["final_loss"])
 
 
 def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_fp32_target(world, tmp_path):

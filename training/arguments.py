@@ -4,7 +4,7 @@ checks, and the rules that keep two runs from mixing in one output folder."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +23,8 @@ class Args:
     target: str = field(default="default", metadata={"help": "'default' (embedded SmolLM2-135M-Instruct), a Hub id or a folder"})
     dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "the target's dtype (teacher data, features, eval) and the drafter's compute dtype (accelerate mixed precision; master weights stay float32); bfloat16 is for GPUs"})
     teacher_dtype: Literal["same", "float32", "bfloat16"] = field(default="same", metadata={"help": "the dtype the teacher data is computed in (scored log-probs, self-generated answers, hidden states); 'same': --dtype. bfloat16 scores about twice as fast on CPUs with AVX512-BF16 or AMX; the drafter is still trained and evaluated against the target in --dtype"})
+    mixed_precision: Literal["auto", "no", "bf16"] = field(default="auto", metadata={"help": "the drafter's training autocast (master weights stay float32): 'auto' is bf16 with --dtype bfloat16, else what `accelerate launch --mixed_precision` or the accelerate config says; bf16 also runs on CPUs with AVX512-BF16 or AMX while the target stays in --dtype"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the drafter for training (accelerate's dynamo backend, inductor)"})
     tf32: bool = field(default=False, metadata={"help": "allow TF32 matmuls on Ampere+ GPUs (fp32 runs only)"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
@@ -83,6 +85,13 @@ class Args:
     license: str = "apache-2.0"
 
 
+def autocast_precision(args: Args) -> str | None:
+    """The Accelerator's `mixed_precision`: None lets `accelerate launch` or the accelerate config decide."""
+    if args.mixed_precision == "auto":
+        return "bf16" if args.dtype == "bfloat16" else None
+    return args.mixed_precision
+
+
 class ArgumentParser(HfArgumentParser):
     """Its errors in the one-line form of every other error: `distill: error: ...`, status 2."""
 
@@ -100,7 +109,7 @@ NON_NEGATIVE = ("max_train_tokens", "time_budget", "draft_vocab_size", "num_gene
 
 
 #: what a resumed run may change: when it stops, how it reports and saves; anything else changes the result
-RESUMABLE_CHANGES = ("tf32", "time_budget", "max_steps", "eval_every", "eval_prompts", "eval_max_new_tokens",
+RESUMABLE_CHANGES = ("tf32", "compile", "time_budget", "max_steps", "eval_every", "eval_prompts", "eval_max_new_tokens",
                      "num_draft_tokens", "log_every", "save_every", "keep_checkpoints", "threads", "gen_batch_size", "score_batch_size", "data_cache_dir",
                      "resume", "overwrite", "prepare_only", "prepare_part_size", "push_to_hub", "hub_model_id", "hub_private", "license")
 
@@ -152,9 +161,11 @@ def check_output_dir(args: Args, options) -> None:
         if not saved_path.exists():
             return  # nothing to resume: a fresh run (said in the log)
         saved, now = json.loads(saved_path.read_text()), run_arguments(args, options)
-        # (keys of this run only: a run saved before the kinds' options moved out of the common ones names them all)
-        differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {now[k]!r}" for k in sorted(now)
-                  if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+        # (keys of this run only: a run saved before the kinds' options moved out of the common ones names them all;
+        # an argument added since the run was saved counts as its default)
+        defaults = {f.name: f.default for f in fields(Args)}
+        differ = [f"--{k.replace('_', '-')} {saved.get(k, defaults.get(k))!r} -> {now[k]!r}" for k in sorted(now)
+                  if k not in RESUMABLE_CHANGES and saved.get(k, defaults.get(k)) != now[k]]
         if differ:
             raise InputError(f"--resume: {out} holds a run with other arguments ({'; '.join(differ)}); resume with the "
                              "run's own arguments, or start a new run in another --output-dir.")

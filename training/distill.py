@@ -66,7 +66,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from hf_specdec.auto_drafter import AutoDrafter  # noqa: E402
 
 from .adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter  # noqa: E402
-from .arguments import Args, check_output_dir, run_arguments  # noqa: E402
+from .arguments import Args, autocast_precision, check_output_dir, run_arguments  # noqa: E402
 from .checkpoints import (RunLog, TrainState, best_folder, data_description, dataset_ids, publish_drafter,  # noqa: E402
                           push_to_hub, resume, save_checkpoint, save_drafter, start_output_dir, training_command)
 from .data import collate, epoch_batches  # noqa: E402
@@ -146,7 +146,8 @@ def evaluate_and_keep_best(accelerator, adapter, model, target, tokenizer, heldo
 
 def train_step(accelerator, adapter, model, batch: dict, cols, args: Args, optimizer, scheduler, trainable) -> dict:
     """One optimisation step; the loss and the drafter's teacher-forced top-1 hits summed over processes."""
-    loss, logits, teacher = adapter.loss(model, batch, cols, args)
+    with accelerator.autocast():  # (the adapters call submodules too, which the prepared model's forward would miss)
+        loss, logits, teacher = adapter.loss(model, batch, cols, args)
     accelerator.backward(loss)
     grad_norm = accelerator.clip_grad_norm_(trainable, args.max_grad_norm) if args.max_grad_norm > 0 else None
     optimizer.step()
@@ -181,7 +182,8 @@ def main(argv=None) -> dict:
     if args.tf32 and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),  # CPU-only: gloo between processes
-                              mixed_precision="bf16" if args.dtype == "bfloat16" else "no",
+                              mixed_precision=autocast_precision(args),
+                              dynamo_backend="inductor" if args.compile else None,
                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
     world = accelerator.num_processes
     threads = args.threads or max(1, (os.cpu_count() or 1) // world)
