@@ -759,6 +759,27 @@ def test_mixed_precision_bf16_autocasts_the_drafters_loss_while_the_target_stays
     assert math.isfinite(summary["final_loss"])
 
 
+def test_compile_trains_checkpoints_resumes_and_evaluates_the_compiled_drafter(world, tmp_path):
+    """--compile wraps the drafter in torch.compile (here its "eager" backend: the same wrapper, no code generation):
+    evaluation decodes with the drafter inside, checkpoints hold its own weight names, and a run resumes."""
+    out = tmp_path / "run"
+    compiled = []
+    real_compile = torch.compile
+    spy = lambda model, *a, **k: compiled.append(type(model).__name__) or real_compile(model, *a, **k)  # noqa: E731
+    with mock.patch.object(distill, "COMPILE_BACKEND", "eager"), mock.patch.object(torch, "compile", spy):
+        run_in_process(cli(world, out, compile=True, max_steps=2, eval_every=2, save_every=2,
+                           data_cache_dir=tmp_path / "cache"))
+        summary = run_in_process(cli(world, out, compile=True, max_steps=4, eval_every=2, save_every=2,
+                                     data_cache_dir=tmp_path / "cache") + ["--resume"])
+    assert compiled == ["SpecDrafterForCausalLM"] * 2
+    assert summary["resumed_from"].endswith("step-0000002") and summary["final_step"] == 4
+    assert_evaluated_speculatively(summary["best"])
+    from safetensors.torch import load_file
+
+    names = load_file(str(out / "checkpoints" / "step-0000004" / "model.safetensors"))
+    assert names and not any("_orig_mod" in name for name in names)
+
+
 def test_a_bf16_teacher_makes_the_data_while_the_drafter_is_judged_against_the_fp32_target(world, tmp_path):
     """--teacher-dtype bfloat16 (twice the CPU scoring rate) scores, self-generates and records states with a bf16 copy
     loaded from the files; the target the drafter is evaluated against stays fp32."""

@@ -98,7 +98,8 @@ def check_ranges(options, positive=(), non_negative=()) -> None:
 
 
 def unwrap_drafter(model):
-    """The drafter module speculative decoding can use (LoRA layers active), from DDP / peft wrappers."""
+    """The drafter module speculative decoding can use (LoRA layers active), from torch.compile / DDP / peft wrappers."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile (--compile wraps the DDP wrapper, if any)
     model = getattr(model, "module", model)  # DDP
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 

@@ -82,7 +82,7 @@ def save_checkpoint(accelerator, model, optimizer, state: TrainState, output_dir
     save_file(rng, str(tmp / f"rng-{rank}.safetensors"))
     (tmp / f"rng-{rank}.json").write_text(json.dumps(random.getstate()))
     if accelerator.is_main_process:
-        weights = accelerator.unwrap_model(model).state_dict()
+        weights = accelerator.unwrap_model(model, keep_torch_compile=False).state_dict()
         save_file({name: tensor.detach().clone().contiguous() for name, tensor in weights.items()}, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         state.save(tmp)
@@ -101,7 +101,7 @@ def load_checkpoint(accelerator, model, optimizer, state: TrainState, folder: Pa
     the number of processes, keeps its seeded RNG)."""
     from safetensors.torch import load_file
 
-    accelerator.unwrap_model(model).load_state_dict(load_file(str(folder / "model.safetensors")))
+    accelerator.unwrap_model(model, keep_torch_compile=False).load_state_dict(load_file(str(folder / "model.safetensors")))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=accelerator.device))
     state.load(folder)
     rank = accelerator.process_index

@@ -144,6 +144,9 @@ def evaluate_and_keep_best(accelerator, adapter, model, target, tokenizer, heldo
     return metrics
 
 
+COMPILE_BACKEND = "inductor"  # what --compile hands accelerate (tests use "eager": same wrappers, no code generation)
+
+
 def train_step(accelerator, adapter, model, batch: dict, cols, args: Args, optimizer, scheduler, trainable) -> dict:
     """One optimisation step; the loss and the drafter's teacher-forced top-1 hits summed over processes."""
     with accelerator.autocast():  # (the adapters call submodules too, which the prepared model's forward would miss)
@@ -183,7 +186,7 @@ def main(argv=None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),  # CPU-only: gloo between processes
                               mixed_precision=autocast_precision(args),
-                              dynamo_backend="inductor" if args.compile else None,
+                              dynamo_backend=COMPILE_BACKEND if args.compile else None,
                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
     world = accelerator.num_processes
     threads = args.threads or max(1, (os.cpu_count() or 1) // world)
