@@ -408,6 +408,22 @@ def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path
                      "--out", str(tmp_path / "vllm")]) == 0
 
 
+def test_a_one_pass_schedule_trains_one_pass_first_then_all_and_resumes_on_schedule(world, tmp_path):
+    """--ttt-one-pass-steps N: the first N optimisation steps run one training-time-test pass, the later ones all
+    --ttt-steps; a run resumed past N goes on with all of them."""
+    passes = []
+    real = layer_states.training_time_test_passes
+    spy = lambda model, batch, steps, decay: (passes.append(steps) if torch.is_grad_enabled() else None) or \
+        real(model, batch, steps, decay)  # noqa: E731
+    common = dict(drafter="eagle3", target_layers="1,2,2", ttt_steps=3, ttt_one_pass_steps=2, eval_every=3,
+                  save_every=3, draft_vocab_size=64, data_cache_dir=tmp_path / "cache")
+    with mock.patch.object(layer_states, "training_time_test_passes", spy):
+        run_in_process(cli(world, tmp_path / "run", max_steps=3, **common))
+        assert passes == [1, 1, 3]
+        summary = run_in_process(cli(world, tmp_path / "run", max_steps=5, **common) + ["--resume"])
+    assert passes == [1, 1, 3, 3, 3] and summary["final_step"] == 5
+
+
 # --- block: one forward proposes block_size tokens --------------------------------------------------------------------
 def test_block_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     out = tmp_path / "block"

@@ -11,6 +11,7 @@ pattern of one config per method), and then uses only this interface:
     adapter.logits(model, batch)       teacher-forced drafter logits at the teacher positions, and those positions' teacher ids
     adapter.loss(model, batch, cols, args) -> (loss, logits, teacher ids)
     adapter.measure(model, batch)      extra held-out measurements saved in the best drafter's config
+    adapter.step                       the optimisation step about to run (the trainer sets it; schedules read it)
 
 A batch (`data.collate`) holds `input_ids` [B, L] (right-padded), `positions` [B, L] (True where the next token has
 teacher targets), `tgt_ids`/`tgt_lps` [N, K] (the target's top-K ids and log-probs at those N positions, row-major),
@@ -122,6 +123,7 @@ class Adapter:
     reads_target_features = False
     #: whether the kind's new models draft over a reduced vocabulary (`set_draft_vocab`)
     reduced_vocabulary = False
+    step = 0
 
     def __init__(self, kind: DrafterKind, options=None):
         self.kind = kind

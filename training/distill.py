@@ -238,6 +238,7 @@ def main(argv=None) -> dict:
         if on_policy:
             records = on_policy_records(model, target, records, args, tokenizer)
         batch = {k: v.to(accelerator.device) for k, v in collate(records, tokenizer.pad_token_id).items()}
+        adapter.step = state.step
         step = train_step(accelerator, adapter, model, batch, cols, args, optimizer, scheduler, trainable)
         state.advance(step["loss"], len(batches), scheduler.state_dict())
         steps_run, tokens_done = steps_run + 1, tokens_done + step["tokens"]

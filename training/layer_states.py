@@ -36,10 +36,11 @@ class LayerOptions:
 class Eagle3Options(LayerOptions):
     ttt_steps: int = field(default=3, metadata={"help": "training-time-test passes (pass r trains the r-th token drafted ahead, on its own states)"})
     ttt_decay: float = field(default=0.8, metadata={"help": "loss weight of pass r is decay**r"})
+    ttt_one_pass_steps: int = field(default=0, metadata={"help": "the first N steps train one pass only (about 3.6x cheaper a step on a CPU, and at equal time the first draft learns faster), then all --ttt-steps"})
 
     def __post_init__(self):
         super().__post_init__()
-        check_ranges(self, positive=("ttt_steps",))
+        check_ranges(self, positive=("ttt_steps",), non_negative=("ttt_one_pass_steps",))
 
 
 @dataclass
@@ -101,7 +102,8 @@ class Eagle3Training(Adapter):
         return training_time_test_passes(model, batch, steps=1, decay=1.0)[0][0], batch["tgt_ids"]
 
     def loss(self, model, batch, cols, args):
-        all_logits, weights = training_time_test_passes(model, batch, self.options.ttt_steps, self.options.ttt_decay)
+        passes = 1 if self.step < self.options.ttt_one_pass_steps else self.options.ttt_steps
+        all_logits, weights = training_time_test_passes(model, batch, passes, self.options.ttt_decay)
         losses = [w * token_loss(logits, batch, cols, args.loss) for logits, w in zip(all_logits, weights)]
         return sum(losses) / sum(weights), all_logits[0], batch["tgt_ids"]
 
