@@ -163,7 +163,7 @@ def check_output_dir(args: Args, options) -> None:
         saved, now = json.loads(saved_path.read_text()), run_arguments(args, options)
         # (keys of this run only: a run saved before the kinds' options moved out of the common ones names them all;
         # an argument added since the run was saved counts as its default)
-        defaults = {f.name: f.default for f in fields(Args)}
+        defaults = {f.name: f.default for f in (*fields(Args), *fields(options))}
         differ = [f"--{k.replace('_', '-')} {saved.get(k, defaults.get(k))!r} -> {now[k]!r}" for k in sorted(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k, defaults.get(k)) != now[k]]
         if differ:
