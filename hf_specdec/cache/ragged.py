@@ -13,7 +13,9 @@ and chains only (the loop refuses the rest before any work).
 
 Bookkeeping is split so that no step reads the device to decide what to do: which slots each row holds is kept on the
 host (`cols`), the attention mask that mirrors it on the device (`slot_mask`). Validity masks come in as host tensors,
-read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in unnoticed).
+read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in unnoticed). While every row holds every
+slot (always, for a chain at batch 1) there is no mask at all (`slot_mask` is None) and positions are one range: a
+drafter's one-token forward is dispatch-bound, and the mask's upkeep was a tenth of it.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class RaggedKV:
         self.model, self.cache = model, cache
         self.device = model.device
         self.cols: list[list[int]] = [[] for _ in range(batch_size)]  # each row's real slots, in order (host)
-        self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        self.num_slots = 0
+        self.slot_mask: torch.Tensor | None = None  # [B, slots] on the device, 1 = real; None while there are no holes
         self.fast = fast_cpu_verify and self.device.type == "cpu"
         self.keep_logits = model._supports_logits_to_keep()
         self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
@@ -87,11 +90,11 @@ class RaggedKV:
 
     @property
     def slots(self) -> int:
-        return self.slot_mask.shape[1]
+        return self.num_slots
 
     @property
     def has_holes(self) -> bool:
-        return any(len(c) != self.slots for c in self.cols)
+        return self.slot_mask is not None
 
     @property
     def last_hidden(self) -> torch.Tensor | None:
@@ -110,19 +113,30 @@ class RaggedKV:
         self._append(valid)
 
     def _append(self, valid: torch.Tensor) -> None:
-        start = self.slots
-        for cols, row in zip(self.cols, valid.numpy().tolist()):  # a host tensor: .numpy() reads it without a sync
-            cols.extend(start + j for j, real in enumerate(row) if real)
+        start, real = self.num_slots, valid.numpy()  # a host tensor: .numpy() reads it without a sync
+        self.num_slots += real.shape[1]
+        if real.all():
+            for cols in self.cols:
+                cols.extend(range(start, self.num_slots))
+            if self.slot_mask is not None:
+                self.slot_mask = torch.cat([self.slot_mask, valid.to(self.device, torch.long)], dim=1)
+            return
+        for cols, row in zip(self.cols, real.tolist()):
+            cols.extend(start + j for j, kept in enumerate(row) if kept)
+        if self.slot_mask is None:
+            self.slot_mask = torch.ones(len(self.cols), start, dtype=torch.long, device=self.device)
         self.slot_mask = torch.cat([self.slot_mask, valid.to(self.device, torch.long)], dim=1)
 
     def forward(self, ids: torch.Tensor, num_logits: int, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
         """Feed `ids` [B, m] (`valid`: a host bool [B, m] of the real tokens, None = all); return the last
         `num_logits` logits in float32."""
         valid = torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid
-        positions = self._positions(valid).to(self.device)
+        if self.slot_mask is None and valid.numpy().all():  # every row holds every slot: positions are one range
+            positions = torch.arange(self.num_slots, self.num_slots + ids.shape[1], device=self.device).expand(ids.shape)
+        else:
+            positions = self._positions(valid).to(self.device)
         self._append(valid)
-        mask = self.slot_mask if self.has_holes else None
-        return self._run(ids, positions, num_logits, mask, extra)
+        return self._run(ids, positions, num_logits, self.slot_mask, extra)
 
     def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tokens: torch.Tensor, tree: Tree,
                      valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,7 +150,8 @@ class RaggedKV:
         valid = torch.ones(batch, size, dtype=torch.bool) if valid is None else valid
         root = torch.tensor([len(c) for c in self.cols])[:, None] + pending_valid.long().sum(dim=1, keepdim=True) - 1
         positions = self._positions(pending_valid, root + torch.tensor(tree.depth)[None]).to(device)
-        past = self.slot_mask.bool()
+        past = (torch.ones(batch, self.num_slots, dtype=torch.bool, device=device) if self.slot_mask is None
+                else self.slot_mask.bool())
         self._append(torch.cat([pending_valid, valid], dim=1))
         pend, nodes = pending_valid.to(device), valid.to(device)
         # allowed[b, query, key]: real old slots; pending tokens causally; nodes see all pending and their ancestors
@@ -186,7 +201,7 @@ class RaggedKV:
                 cols.pop()
             cols.extend(start + j for j in offsets)
             mask[b, offsets] = 1
-        if num_new:
+        if num_new and self.slot_mask is not None:
             self.slot_mask = torch.cat([self.slot_mask[:, :start], mask.to(self.device)], dim=1)
         self._crop_trailing()
 
@@ -213,23 +228,34 @@ class RaggedKV:
             if n:
                 dropped += [(b, col) for col in self.cols[b][-n:]]
                 del self.cols[b][-n:]
-        if dropped:
+        if dropped and self.slot_mask is not None:
             rows, cols = torch.tensor(dropped).T.to(self.device)
             self.slot_mask = self.slot_mask.index_put((rows, cols), torch.zeros((), dtype=torch.long, device=self.device))
         self._crop_trailing()
 
     def _crop_trailing(self) -> None:
+        """Crop the trailing slots no row holds, then bring the mask in line with `cols`: none while no row has a
+        hole, built from `cols` (one transfer) when the first hole appears."""
         used = max((c[-1] + 1 for c in self.cols if c), default=0)
-        droppable = self.slots - used
-        if self.slots:  # (a cache nothing was fed into yet has nothing to crop)
+        if self.num_slots:  # (a cache nothing was fed into yet has nothing to crop)
             # crop(0) too: it trims sliding-window layers back to their window once the step is settled
-            self.cache.crop(-droppable)
-        self.slot_mask = self.slot_mask[:, :used]
+            self.cache.crop(used - self.num_slots)
+        self.num_slots = used
+        if all(len(c) == used for c in self.cols):
+            self.slot_mask = None
+        elif self.slot_mask is not None:
+            self.slot_mask = self.slot_mask[:, :used]
+        else:
+            mask = torch.zeros(len(self.cols), used, dtype=torch.long)
+            for b, cols in enumerate(self.cols):
+                mask[b, cols] = 1
+            self.slot_mask = mask.to(self.device)
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these rows (finished rows leave the batch and stop costing work)."""
         index = torch.tensor(rows, device=self.device)
         self.cache.batch_select_indices(index)
-        self.slot_mask = self.slot_mask[index]
+        if self.slot_mask is not None:
+            self.slot_mask = self.slot_mask[index]
         self.cols = [self.cols[b] for b in rows]
         self._crop_trailing()
