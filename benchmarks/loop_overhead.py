@@ -5,7 +5,8 @@ is accepted: what a step costs beyond the forwards both loops make is bookkeepin
 forwards (a hook on the target), so each loop is charged for the steps it really takes (transformers' assisted loop
 emits fewer tokens per step than k + 1 even when every draft is accepted). At batch 8 transformers' assisted loop does
 not run (it is batch 1 only), so the batch-8 row compares with plain batched greedy decoding. Also lists the host
-reads (syncs on a GPU) a step makes, by the line that makes them.
+reads (syncs on a GPU) a step makes, by the line that makes them, and the same loop with the drafter's forward
+compiled (`compile_drafter=True`).
 
     python benchmarks/loop_overhead.py --json benchmarks/results/loop_overhead.json
 """
@@ -48,7 +49,7 @@ def timed(fns: dict, repeats: int) -> dict:
     return times
 
 
-def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
+def measure(batch: int, k: int, new_tokens: int, repeats: int, compiled: bool) -> dict:
     target = tiny_target()
     drafter = copy.deepcopy(target)  # agrees with the target on every token
     prompt = torch.randint(2, 256, (batch, 16), generator=torch.Generator().manual_seed(batch))
@@ -61,6 +62,10 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     assert stats.accepted_tokens == stats.drafted_tokens, stats.as_dict()
     plain = lambda: target.generate(prompt, **common)  # noqa: E731
     runs = {"ours": ours, "plain": plain}
+    if compiled:  # the same loop, the drafter's forward compiled (its first call, the warm-up, compiles)
+        runs["compiled"] = lambda: target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
+                                                   num_draft_tokens=k, **common, draft_length="constant",
+                                                   compile_drafter=True)
     if batch == 1:  # transformers' assisted decoding is batch 1 only
         drafter.generation_config.num_assistant_tokens = k
         drafter.generation_config.num_assistant_tokens_schedule = "constant"
@@ -80,6 +85,13 @@ def measure(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
         # the median of the rounds' ratios (each round times both loops within a second of each other)
         row["ratio_per_step"] = statistics.median(
             (ours / steps["ours"]) / (theirs / steps["theirs"]) for ours, theirs in zip(rounds["ours"], rounds["theirs"]))
+    if compiled:
+        row.update(compiled_drafter_steps=steps["compiled"],
+                   compiled_drafter_ms_per_step=1000 * seconds["compiled"] / steps["compiled"])
+        if "theirs" in runs:
+            row["compiled_drafter_ratio_per_step"] = statistics.median(
+                (ours / steps["compiled"]) / (theirs / steps["theirs"])
+                for ours, theirs in zip(rounds["compiled"], rounds["theirs"]))
     with count_host_syncs(where=True) as syncs:
         ours()
     row["host_reads_per_step"] = syncs.total / steps["ours"]
@@ -172,9 +184,12 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-compiled", action="store_true",
+                        help="skip the run with compile_drafter=True (its warm-up compiles: about a minute)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [measure(int(b), args.k, args.new_tokens, args.repeats) for b in args.batch_sizes.split(",")]
+    rows = [measure(int(b), args.k, args.new_tokens, args.repeats, not args.no_compiled)
+            for b in args.batch_sizes.split(",")]
     print("| batch | hf_specdec: steps, ms per step, ms per token | transformers assisted: steps, ms per step, "
           "ms per token | per-step ratio | plain ms per token step | host reads per step |")
     print("|---|---|---|---|---|---|")
@@ -186,6 +201,13 @@ def main(argv=None) -> None:
         ratio = f"{r['ratio_per_step']:.2f}" if "ratio_per_step" in r else "n/a"
         print(f"| {r['batch']} | {ours} | {theirs} | {ratio} | {r['plain_ms_per_token_step']:.2f} "
               f"| {r['host_reads_per_step']:.1f} |")
+    if not args.no_compiled:
+        print("\nThe same loop with compile_drafter=True (the drafter's forward compiled; transformers' loop as above):")
+        print("| batch | hf_specdec, compiled drafter: steps, ms per step | per-step ratio |")
+        print("|---|---|---|")
+        for r in rows:
+            ratio = f"{r['compiled_drafter_ratio_per_step']:.2f}" if "compiled_drafter_ratio_per_step" in r else "n/a"
+            print(f"| {r['batch']} | {r['compiled_drafter_steps']}, {r['compiled_drafter_ms_per_step']:.2f} | {ratio} |")
     for r in rows:
         print(f"\nhost reads per step at batch {r['batch']}:")
         for place, n in r["host_reads_by_line"].items():

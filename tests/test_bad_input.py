@@ -154,3 +154,13 @@ def test_trees_refuse_flash_attention_before_any_forward(kind):
     finally:
         target.config._attn_implementation = "sdpa"
     still_works(target, drafter)
+
+
+def test_compile_drafter_without_a_draft_model_is_refused(pair):
+    """`compile_drafter=True` compiles a draft model's forward: a drafter without one says so before any forward."""
+    target, _ = pair
+    with pytest.raises(ValueError, match="compile_drafter=True compiles a draft model's forward, and NgramDrafter "
+                                         "drafts without one: drop compile_drafter"):
+        count_forwards(target, lambda: spec(target, "ngram", compile_drafter=True))
+    assert count_forwards(target, lambda: pytest.raises(ValueError, spec, target, "ngram", compile_drafter=True)) == 0
+    still_works(target, "ngram")

@@ -133,6 +133,32 @@ def test_fast_cpu_verify_off_is_also_exact():
     assert_speculated(stats, depth=3)
 
 
+def test_compiled_draft_model_is_exact():
+    """`compile_drafter=True` runs the draft model through torch.compile (its numerics may differ from eager's, which
+    only changes what is accepted): plain greedy's output, one row and a left-padded batch whose rows hold holes."""
+    from torch._dynamo.utils import counters
+
+    from tests.speculation import PAD, left_pad
+
+    target = ARCHITECTURES["llama"]()
+    drafter = perturbed_copy(target)
+    stats = SpeculationStats()
+    graphs = counters["stats"]["unique_graphs"]
+    for prompt in PROMPTS[:6]:
+        expected = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=speculative_generate,
+                              assistant=drafter, num_draft_tokens=3, compile_drafter=True, speculation_stats=stats,
+                              draft_length="constant")
+        assert torch.equal(out, expected)
+    ids, mask = left_pad(PROMPTS[6:9])
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=PAD)
+    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3,
+                          compile_drafter=True, speculation_stats=stats, draft_length="constant", **kwargs)
+    assert torch.equal(out, target.generate(ids, **kwargs))
+    assert counters["stats"]["unique_graphs"] > graphs  # the compiled forward really ran
+    assert_speculated(stats, depth=3)
+
+
 @pytest.mark.parametrize("arch_name", ["llama", "gpt2"])
 def test_adaptive_draft_length_is_exact(arch_name):
     """Lengths chosen step by step (scripted costs, so drafting pays and the choices are deterministic) and the

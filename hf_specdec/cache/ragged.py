@@ -75,9 +75,11 @@ def check_tree_attention(model, what: str, cache=None) -> None:
 class RaggedKV:
     """A model plus its cache, fed per-row token blocks with validity masks; rejected slots become holes."""
 
-    def __init__(self, model, cache, batch_size: int, fast_cpu_verify: bool = False):
+    def __init__(self, model, cache, batch_size: int, fast_cpu_verify: bool = False, forward=None):
+        """`forward`: what to call in the model's place (its compiled forward); None: the model."""
         cache.activate_past_recording()  # so that sliding-window layers can be rolled back past their window
         self.model, self.cache = model, cache
+        self.call = model if forward is None else forward
         self.device = model.device
         self.cols: list[list[int]] = [[] for _ in range(batch_size)]  # each row's real slots, in order (host)
         self.num_slots = 0
@@ -135,8 +137,10 @@ class RaggedKV:
             positions = torch.arange(self.num_slots, self.num_slots + ids.shape[1], device=self.device).expand(ids.shape)
         else:
             positions = self._positions(valid).to(self.device)
+        # an empty cache is filled by the model itself: a compiled forward would compile once more for that one call
+        call = self.call if self.num_slots else self.model
         self._append(valid)
-        return self._run(ids, positions, num_logits, self.slot_mask, extra)
+        return self._run(ids, positions, num_logits, self.slot_mask, extra, call)
 
     def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tokens: torch.Tensor, tree: Tree,
                      valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,18 +171,19 @@ class RaggedKV:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
         return self._run(torch.cat([pending, tokens], dim=1), positions, size + 1, mask[:, None], {})
 
-    def _run(self, ids, positions, num_logits: int, mask, kwargs: dict) -> torch.Tensor:
-        """The model's forward on the cache (keeping `last_output`, and the captured hidden states)."""
+    def _run(self, ids, positions, num_logits: int, mask, kwargs: dict, call=None) -> torch.Tensor:
+        """The model's forward (or `call`) on the cache (keeping `last_output`, and the captured hidden states)."""
+        call = self.model if call is None else call
         if self.keep_logits:
             kwargs["logits_to_keep"] = num_logits
         if mask is not None:
             kwargs["attention_mask"] = mask
         with verifying(self.fast):  # (the loop routes the target's layers for the call: cpu_matmul.routed)
             if self.capture is None:
-                out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+                out = call(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
             else:
                 with self.capture.recording():
-                    out = self.model(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+                    out = call(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
         self.last_output = out
         if self.check_roll_back:
             self.check_roll_back = False

@@ -171,12 +171,15 @@ def bench_command(args) -> int:
     target, tokenizer = load_target_from(args, args.target)
     names = (args.assistant or default_name(target)).split(",")  # several: one row each, interleaved
     drafters = [(name, as_drafter(name, target=target)) for name in names]
+    if args.compile_drafter and not any(drafter.compiles_model for _, drafter in drafters):
+        raise InputError(f"--compile-drafter compiles a draft model's forward, and none of {', '.join(names)} drafts "
+                         "with one: drop --compile-drafter or name a draft model.")
     report = run_bench(
         target, tokenizer, drafters, prompts, max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens[0] if len(args.num_draft_tokens) == 1 else args.num_draft_tokens,
         do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, target_name=args.target or "default",
-        batch_size=args.batch_size, adaptive=args.adaptive,
+        batch_size=args.batch_size, adaptive=args.adaptive, compile_drafter=args.compile_drafter,
     )
     report["settings"]["prompts"] = args.prompts
     report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
@@ -260,6 +263,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=_positive, default=1, help="prompts decoded together (left-padded)")
     p.add_argument("--adaptive", action="store_true",
                    help="also run hf_specdec with draft_length='adaptive' (capped at the largest --num-draft-tokens)")
+    p.add_argument("--compile-drafter", action="store_true",
+                   help="also run each draft-model row with compile_drafter=True (its warm-up compiles)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=_positive, default=None)

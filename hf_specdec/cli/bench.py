@@ -10,6 +10,7 @@ are measured in the same process.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
 import statistics
@@ -166,8 +167,10 @@ def run_bench(
     max_prompt_tokens: int = 1024,
     batch_size: int = 1,
     adaptive: bool = False,
+    compile_drafter: bool = False,
 ) -> dict:
-    """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`)."""
+    """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`);
+    `compile_drafter`: each row of a drafter with a draft model gets a twin with its forward compiled."""
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
@@ -191,11 +194,14 @@ def run_bench(
                 methods.append((f"{prefix} adaptive" if len(lengths) == 1 else f"{prefix} adaptive k<={cap}", "adaptive", cap))
             if drafter_name == "none":
                 methods = [("hf_specdec, no drafts", "constant", 1)]
-            for name, policy, k in methods:
+            twins = [False, True] if compile_drafter and drafter.compiles_model else [False]
+            for (name, policy, k), compiled in itertools.product(methods, twins):
+                name = f"{name}, compiled" if compiled else name
                 stats[name] = SpeculationStats()
                 # each row drafts with its own copy, so that what a drafter learns (a table, a policy) stays its own
                 runs.append((name, dict(custom_generate=speculative_generate, assistant=copy.deepcopy(drafter),
-                                        draft_length=policy, num_draft_tokens=k, speculation_stats=stats[name])))
+                                        draft_length=policy, num_draft_tokens=k, speculation_stats=stats[name],
+                                        **({"compile_drafter": True} if compiled else {}))))
         return runs, stats
 
     runs, all_stats = method_runs()

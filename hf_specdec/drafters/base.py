@@ -83,6 +83,7 @@ class DraftSettings:
     #: drafters that know their confidence stop when their top probability falls below it (None: never). Decide from
     #: the distribution only, before drawing, so that sampling stays exact.
     confidence_threshold: float | None = None
+    compile: bool = False  # run the drafter's model through `torch.compile` (drafters whose `compiles_model` is True)
 
 
 @dataclass
@@ -174,6 +175,8 @@ class Drafter:
 
     #: draft length used when the caller does not pass `num_draft_tokens`
     default_num_draft_tokens: int = 5
+    #: whether `compile_drafter=True` can compile its model's forward (a draft model's: see `DraftModelDrafter`)
+    compiles_model: bool = False
 
     @classmethod
     def for_target(cls, target, number: int | None = None) -> "Drafter":

@@ -17,7 +17,14 @@ class DraftModelDrafter(Drafter):
     the target uses (so temperature/top-k/top-p shape q like p) and reports that distribution as q. Its KV cache keeps
     each row's accepted tokens, so rejected drafts cost nothing later: what it holds is counted on the host, so
     rolling back needs no look at the device.
+
+    With `compile_drafter=True` its forward runs through `torch.compile` (dynamic shapes: the blocks it feeds vary in
+    length). A small drafter's forward is mostly Python dispatch, which compilation removes; the draft is verified as
+    ever, so the output is unchanged. The first call compiles (tens of seconds on a CPU; later calls and processes
+    reuse the compiled code where torch's caches allow).
     """
+
+    compiles_model = True
 
     def __init__(self, model: PreTrainedModel):
         if not isinstance(model, PreTrainedModel) or not hasattr(model, "get_output_embeddings"):
@@ -34,7 +41,9 @@ class DraftModelDrafter(Drafter):
             raise ValueError("The draft model must be a decoder-only causal LM.")
         check_device(self.model, target.model, "draft model")
         bind_if_borrowing(self.model, target.model)  # drafters that borrow the target's embeddings / LM head
-        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
+        # (a fresh torch.compile wrapper per call is cheap: the compiled code is cached with the model's forward)
+        forward = torch.compile(self.model, dynamic=True) if settings.compile else None
+        self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size, forward=forward)
         self.cached = [0] * seqs.size  # per row: how many of its tokens (a prefix) the draft cache holds
         self.fed_drafts = [0] * seqs.size  # per row: this step's drafts fed into the cache after them
 
@@ -59,7 +68,7 @@ class DraftModelDrafter(Drafter):
         self.cached = [c + n for c, n in zip(self.cached, counts)]
         return block, valid, torch.tensor([n - 1 for n in counts], device=block.device)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # (its cache is its own: inference tensors from the first call, one mode to compile for)
     def propose(self, seqs, max_tokens):
         block, valid, last = self._catch_up(seqs)
         everyone = torch.arange(seqs.size, device=block.device)

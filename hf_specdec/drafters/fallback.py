@@ -24,6 +24,7 @@ class FallbackDrafter(Drafter):
         self.first, self.second = first, second
         self.default_num_draft_tokens = max(first.default_num_draft_tokens, second.default_num_draft_tokens)
         self.used_first: list[bool] = []
+        self.compiles_model = first.compiles_model or second.compiles_model
 
     def __repr__(self) -> str:
         return f"FallbackDrafter({self.first!r}, {self.second!r})"

@@ -99,6 +99,8 @@ class OwnCacheEarlyExit(DraftModelDrafter):
     """The early-exit model drafting in a cache of its own (L layers deep), rolled back after each step like any
     draft model's: batches, padded prompts, sliding windows and GPT-2."""
 
+    compiles_model = False  # its layer list is swapped during each forward, which a compiled graph cannot follow
+
     def __init__(self, model: EarlyExitModel):
         self.model, self.kv = model, None  # not a PreTrainedModel: it borrows the target's modules
 

@@ -24,6 +24,7 @@ from ..cpu_matmul import routed
 from ..draft_length import policy_for_call
 from ..draft_length import DraftLengthPolicy
 from ..drafters.base import Drafter, DraftSettings
+from ..errors import InputError
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
@@ -42,6 +43,8 @@ class SpeculationOptions:
     draft_length: 'constant', 'adaptive' or a policy (`draft_length.py`); None: adaptive for greedy decoding of one
         sequence, else constant; `num_draft_tokens` stays the cap.
     fast_cpu_verify: the target's CPU matmul path for verification forwards (`cpu_matmul.py`).
+    compile_drafter: run a draft model's forward through `torch.compile` (its first call compiles; see
+        `DraftModelDrafter`).
     streamer: a transformers streamer (`generate()` keeps its own `streamer=` from callables, hence this name).
     verification: 'exact', or 'typical' (Medusa's typical acceptance with `typical_threshold` / `typical_alpha`:
         sampling only, LOSSY).
@@ -52,6 +55,7 @@ class SpeculationOptions:
     speculation_stats: SpeculationStats | None = None
     draft_length: object = None
     fast_cpu_verify: bool = True
+    compile_drafter: bool = False
     streamer: BaseStreamer | None = None
     verification: str = "exact"
     typical_threshold: float = 0.09
@@ -102,6 +106,7 @@ def speculative_generate(
     speculation_stats: SpeculationStats | None = None,
     draft_length=None,
     fast_cpu_verify: bool = True,
+    compile_drafter: bool = False,
     hf_specdec_streamer=None,
     verification: str = "exact",
     typical_threshold: float = 0.09,
@@ -116,7 +121,7 @@ def speculative_generate(
     arguments its signature names; `hf_specdec_streamer` is `SpeculationOptions.streamer`).
     """
     options = SpeculationOptions(assistant, num_draft_tokens, speculation_stats, draft_length, fast_cpu_verify,
-                                 hf_specdec_streamer, verification, typical_threshold, typical_alpha)
+                                 compile_drafter, hf_specdec_streamer, verification, typical_threshold, typical_alpha)
     # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
     rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, options)
     with claim(assistant, model) as drafter:  # a name's drafter is kept with the target; this call holds it
@@ -141,8 +146,11 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
+    if options.compile_drafter and not drafter.compiles_model:
+        raise InputError(f"compile_drafter=True compiles a draft model's forward, and {type(drafter).__name__} drafts "
+                         "without one: drop compile_drafter.")
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
-                             policy.confidence_threshold)
+                             policy.confidence_threshold, compile=options.compile_drafter)
     drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
     if options.streamer is not None:
         options.streamer.put(input_ids.cpu())
