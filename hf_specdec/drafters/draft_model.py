@@ -59,26 +59,28 @@ class DraftModelDrafter(Drafter):
         self.cached = [c + k for c, k in zip(self.cached, kept)]
         self.fed_drafts = [0] * len(self.cached)
 
-    def _catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The block of each row's tokens the cache lacks (right-padded), its host validity and each row's last index."""
+    def _catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """The block of each row's tokens the cache lacks (right-padded), its host validity, each row's last index
+        counted from the block's end (0 for the longest rows), and how many of the block's last logits cover them."""
         todo = [seqs.ids(b)[self.cached[b] :] for b in range(seqs.size)]
         counts = [len(t) for t in todo]
         block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
         valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
         self.cached = [c + n for c, n in zip(self.cached, counts)]
-        return block, valid, torch.tensor([n - 1 for n in counts], device=block.device)
+        width = block.shape[1] - min(counts) + 1  # (one row at batch 1: the LM head runs on the last token only)
+        return block, valid, torch.tensor([n - 1 - min(counts) + 1 for n in counts], device=block.device), width
 
     @torch.inference_mode()  # (its cache is its own: inference tensors from the first call, one mode to compile for)
     def propose(self, seqs, max_tokens):
-        block, valid, last = self._catch_up(seqs)
+        block, valid, last, width = self._catch_up(seqs)
         everyone = torch.arange(seqs.size, device=block.device)
         drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], block.device)
         for i in range(max_tokens):
-            logits = self.kv.forward(block, block.shape[1], valid=valid)
+            logits = self.kv.forward(block, width, valid=valid)
             if not drafting.step(logits[everyone, last]):
                 break
             if i + 1 < max_tokens:  # the last draft is fed next step, if it is accepted
-                block, valid, last = drafting.token[:, None], drafting.still[:, None], last * 0
+                block, valid, last, width = drafting.token[:, None], drafting.still[:, None], last * 0, 1
         draft = drafting.draft()
         self.fed_drafts = [min(n, max_tokens - 1) for n in draft.depth_by_row()]
         return draft
