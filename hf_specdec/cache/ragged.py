@@ -15,7 +15,7 @@ Bookkeeping is split so that no step reads the device to decide what to do: whic
 host (`cols`), the attention mask that mirrors it on the device (`slot_mask`). Validity masks come in as host tensors,
 read with `.numpy()` (which refuses a device tensor, so a sync cannot slip in unnoticed). While every row holds every
 slot (always, for a chain at batch 1) there is no mask at all (`slot_mask` is None) and positions are one range: a
-drafter's one-token forward is dispatch-bound, and the mask's upkeep was a tenth of it.
+drafter's one-token forward is dispatch-bound, and the mask's upkeep was a twentieth of it.
 """
 
 from __future__ import annotations
