@@ -60,15 +60,15 @@ class DraftModelDrafter(Drafter):
         self.fed_drafts = [0] * len(self.cached)
 
     def _catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """The block of each row's tokens the cache lacks (right-padded), its host validity, each row's last index
-        counted from the block's end (0 for the longest rows), and how many of the block's last logits cover them."""
+        """The block of each row's tokens the cache lacks (right-padded), its host validity, how many of the block's
+        last logits reach every row's last token (`width`), and each row's last token's index among those."""
         todo = [seqs.ids(b)[self.cached[b] :] for b in range(seqs.size)]
         counts = [len(t) for t in todo]
         block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
         valid = torch.arange(block.shape[1])[None] < torch.tensor(counts)[:, None]
         self.cached = [c + n for c, n in zip(self.cached, counts)]
         width = block.shape[1] - min(counts) + 1  # (one row at batch 1: the LM head runs on the last token only)
-        return block, valid, torch.tensor([n - 1 - min(counts) + 1 for n in counts], device=block.device), width
+        return block, valid, torch.tensor([n - min(counts) for n in counts], device=block.device), width
 
     @torch.inference_mode()  # (its cache is its own: inference tensors from the first call, one mode to compile for)
     def propose(self, seqs, max_tokens):

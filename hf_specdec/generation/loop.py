@@ -138,6 +138,9 @@ def speculative_generate(
 
 def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter: Drafter,
            attention_mask, options: SpeculationOptions) -> Run:
+    if options.compile_drafter and not drafter.compiles_model:  # (before the policy or any cache is touched)
+        raise InputError(f"compile_drafter=True compiles a draft model's forward, and {type(drafter).__name__} drafts "
+                         "without one: drop compile_drafter.")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     # what "adaptive" learns is kept per drafter: a name's, kept with the target, or the object the caller passed
@@ -146,9 +149,6 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
-    if options.compile_drafter and not drafter.compiles_model:
-        raise InputError(f"compile_drafter=True compiles a draft model's forward, and {type(drafter).__name__} drafts "
-                         "without one: drop compile_drafter.")
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
                              policy.confidence_threshold, compile=options.compile_drafter)
     drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
