@@ -8,10 +8,10 @@ for oneDNN (`torch.utils.mkldnn`) reads the weights about twice as fast as `F.li
 at M = 2, 7.9 at 8; oneDNN 5.1 ms at M = 1, 13.4 at 16). Same math; rounding differs at the 1e-6 level, like any
 batched forward.
 
-Scope. `routed(model)` gives the model's own `nn.Linear` layers (that exact class: quantized layers keep theirs) a
-forward of their own for the span of a `generate()` call; it takes the fast path only inside `verifying()`, in the
-thread that entered it. No other model, and no other thread's forward through this one (a plain `generate()` in
-parallel), is touched.
+Scope. `routed(model)` gives the model's own `nn.Linear` layers (that exact class: quantized layers keep theirs; and
+of at least `MIN_WEIGHTS` weights) a forward of their own for the span of a `generate()` call; it takes the fast path
+only inside `verifying()`, in the thread that entered it. No other model, and no other thread's forward through this
+one (a plain `generate()` in parallel), is touched.
 
 Choices. The first product of each shape and row count times the paths on that layer and keeps the winner (the prior
 rule, `W @ x.T` for 2..8 rows, stays unless another path is clearly faster). The choices are saved per CPU model,
@@ -34,10 +34,14 @@ import weakref
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MAX_ROWS = 32  # above this the ordinary GEMM path is the one to take
 PROBE_ROWS = 16384  # a wider layer's paths are timed on its first PROBE_ROWS outputs
+# a smaller layer keeps its own forward: its product takes a few microseconds on every path (the measured choices
+# among them flip with timer noise), about what routing each call costs
+MIN_WEIGHTS = 1 << 16
 PATHS = ("linear", "weight_first", "onednn")
 
 _linear_forward = nn.Linear.forward
@@ -133,16 +137,23 @@ def _choose(layer: nn.Linear, x2d: torch.Tensor) -> str:
 
 
 def _fast_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    # (every product of a routed model passes here: the common case, a choice already made, costs a dict lookup)
+    if not _ACTIVE.get() or not x.is_cpu or torch.is_grad_enabled():
+        return F.linear(x, self.weight, self.bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not _ACTIVE.get() or not (1 <= rows <= MAX_ROWS) or x.device.type != "cpu" or torch.is_grad_enabled():
-        return _linear_forward(self, x)
-    x2d = x.reshape(rows, x.shape[-1])
-    out = _run(_choose(self, x2d), self, x2d)
+    if not 1 <= rows <= MAX_ROWS:
+        return F.linear(x, self.weight, self.bias)
+    path = CHOICES.get((self.out_features, self.in_features, rows, str(x.dtype), torch.get_num_threads()))
+    if path is None:
+        path = _choose(self, x.reshape(rows, x.shape[-1]))
+    if path == "linear":
+        return F.linear(x, self.weight, self.bias)
+    out = _run(path, self, x.reshape(rows, x.shape[-1]))
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _layers(model) -> list[nn.Linear]:
-    return [m for m in model.modules() if type(m) is nn.Linear]
+    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.numel() >= MIN_WEIGHTS]
 
 
 @contextlib.contextmanager

@@ -30,6 +30,11 @@ def _deepest(tree: Tree, node_ok: torch.Tensor) -> Accepted:
     if tree.size == 0:  # nothing drafted: a plain step
         none = torch.full((batch,), -1, dtype=torch.long, device=node_ok.device)
         return Accepted(none[:, None], none + 1, none, none)
+    if tree.is_chain:  # (a third of the tree's cost: the accepted prefix is the run of good nodes from the first)
+        num_accepted = node_ok.long().cumprod(dim=1).sum(dim=1)
+        nodes = torch.arange(tree.size, device=node_ok.device)
+        last = num_accepted - 1
+        return Accepted(torch.where(nodes < num_accepted[:, None], nodes, -1), num_accepted, last, last)
     t = tree.tensors(node_ok.device)
     # a node's path is good when none of its ancestors (itself included) is bad
     bad_on_path = (~node_ok).to(torch.float32) @ t["ancestors"].T.to(torch.float32)

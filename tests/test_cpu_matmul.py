@@ -12,6 +12,12 @@ from hf_specdec import cpu_matmul, speculative_generate
 from tests.conftest import random_prompts, tiny_llama
 
 
+@pytest.fixture(autouse=True)
+def route_every_layer(monkeypatch):
+    """The tiny test models' layers are all below the size that is routed; here every layer is."""
+    monkeypatch.setattr(cpu_matmul, "MIN_WEIGHTS", 0)
+
+
 @pytest.fixture
 def runs(monkeypatch):
     """(thread id, layer) of every product that took the fast path."""
@@ -92,3 +98,12 @@ def test_a_greedy_call_leaves_the_global_random_generator_alone(tmp_path, monkey
     target.generate(torch.randint(2, 90, (1, 6), generator=torch.Generator().manual_seed(0)), max_new_tokens=12,
                     do_sample=False, custom_generate=speculative_generate, assistant="ngram", draft_length="adaptive")
     assert cpu_matmul.CHOICES and torch.equal(torch.get_rng_state(), before)
+
+
+def test_layers_too_small_to_gain_keep_their_own_forward(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "MIN_WEIGHTS", 48 * 96)  # the tiny Llama's MLP projections are routed, no more
+    target = tiny_llama()
+    with cpu_matmul.routed(target):
+        routed = {name for name, m in target.named_modules() if "forward" in m.__dict__}
+    assert routed and all(name.split(".")[-1] in ("gate_proj", "up_proj", "down_proj", "lm_head") for name in routed)
+    assert not any("forward" in m.__dict__ for m in target.modules())

@@ -29,6 +29,18 @@ def test_greedy_respects_rows_that_proposed_fewer():
     assert accepted.num_accepted.tolist() == [1] and accepted.next_token.tolist() == [5]
 
 
+def test_chain_shortcut_agrees_with_the_tree_rule():
+    # a chain takes its own shortcut (the run of good nodes from the first); the tree rule must give the same answer
+    chain = Tree.chain(5)
+    general = Tree(chain.parents)
+    general.is_chain = False  # the same shape, taken through the tree rule
+    node_ok = torch.rand(64, 5, generator=torch.Generator().manual_seed(0)) < 0.7
+    fast, slow = verification._deepest(chain, node_ok), verification._deepest(general, node_ok)
+    for name in ("path", "num_accepted", "last"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert set(fast.num_accepted.tolist()) >= {0, 1, 5}  # the cases that matter all occurred
+
+
 def test_no_drafts_is_plain_decoding():
     scores = torch.randn(1, 1, 10)
     accepted = greedy(torch.zeros(1, 0, dtype=torch.long), Tree.chain(0), scores)

@@ -112,16 +112,19 @@ class RaggedKV:
     def append_slots(self, valid: torch.Tensor) -> None:
         """Record new slots that something else wrote into the cache (a drafter running the target's own layers);
         `valid`: host bools [B, m]."""
-        self._append(valid)
+        self._append(valid.shape[1], valid)
 
-    def _append(self, valid: torch.Tensor) -> None:
-        start, real = self.num_slots, valid.numpy()  # a host tensor: .numpy() reads it without a sync
-        self.num_slots += real.shape[1]
-        if real.all():
+    def _append(self, width: int, valid: torch.Tensor | None) -> None:
+        """Record `width` new slots; `valid`: host bools [B, width] of the real ones (None: every one)."""
+        start = self.num_slots
+        self.num_slots += width
+        real = None if valid is None else valid.numpy()  # a host tensor: .numpy() reads it without a sync
+        if real is None or real.all():
             for cols in self.cols:
                 cols.extend(range(start, self.num_slots))
             if self.slot_mask is not None:
-                self.slot_mask = torch.cat([self.slot_mask, valid.to(self.device, torch.long)], dim=1)
+                ones = torch.ones(len(self.cols), width, dtype=torch.long, device=self.device)
+                self.slot_mask = torch.cat([self.slot_mask, ones], dim=1)
             return
         for cols, row in zip(self.cols, real.tolist()):
             cols.extend(start + j for j, kept in enumerate(row) if kept)
@@ -132,14 +135,17 @@ class RaggedKV:
     def forward(self, ids: torch.Tensor, num_logits: int, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
         """Feed `ids` [B, m] (`valid`: a host bool [B, m] of the real tokens, None = all); return the last
         `num_logits` logits in float32."""
-        valid = torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid
-        if self.slot_mask is None and valid.numpy().all():  # every row holds every slot: positions are one range
-            positions = torch.arange(self.num_slots, self.num_slots + ids.shape[1], device=self.device).expand(ids.shape)
+        if valid is not None and valid.numpy().all():
+            valid = None
+        if valid is None and self.slot_mask is None:  # every row holds every slot: positions are one range
+            positions = torch.arange(self.num_slots, self.num_slots + ids.shape[1], device=self.device)[None]
+            positions = positions if ids.shape[0] == 1 else positions.expand(ids.shape)
         else:
-            positions = self._positions(valid).to(self.device)
+            positions = self._positions(torch.ones(ids.shape, dtype=torch.bool) if valid is None else valid)
+            positions = positions.to(self.device)
         # an empty cache is filled by the model itself: a compiled forward would compile once more for that one call
         call = self.call if self.num_slots else self.model
-        self._append(valid)
+        self._append(ids.shape[1], valid)
         return self._run(ids, positions, num_logits, self.slot_mask, extra, call)
 
     def forward_tree(self, pending: torch.Tensor, pending_valid: torch.Tensor, tokens: torch.Tensor, tree: Tree,
@@ -156,7 +162,7 @@ class RaggedKV:
         positions = self._positions(pending_valid, root + torch.tensor(tree.depth)[None]).to(device)
         past = (torch.ones(batch, self.num_slots, dtype=torch.bool, device=device) if self.slot_mask is None
                 else self.slot_mask.bool())
-        self._append(torch.cat([pending_valid, valid], dim=1))
+        self._append(u + size, torch.cat([pending_valid, valid], dim=1))
         pend, nodes = pending_valid.to(device), valid.to(device)
         # allowed[b, query, key]: real old slots; pending tokens causally; nodes see all pending and their ancestors
         allowed = torch.zeros(batch, u + size, self.slots, dtype=torch.bool, device=device)

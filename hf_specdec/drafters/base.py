@@ -148,7 +148,8 @@ class Drafting:
         self.tokens.append(torch.multinomial(q, 1).squeeze(1) if settings.do_sample else scores.argmax(dim=-1))
         if settings.do_sample:
             self.probs.append(q)
-        self.counts += self.still.long()
+        if self.stops:  # (without a threshold every row drafts every token: the counts are the draft's length)
+            self.counts += self.still.long()
         return True
 
     @property
