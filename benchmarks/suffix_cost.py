@@ -61,6 +61,7 @@ def main(argv=None) -> None:
 
     from hf_specdec.default_model import default_target_files
     from hf_specdec.drafters.ngram import NgramIndex
+    from hf_specdec.drafters.base import DraftSettings
     from hf_specdec.drafters.suffix import SuffixDrafter, SuffixIndex, SuffixTree
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_files())
@@ -80,7 +81,7 @@ def main(argv=None) -> None:
         index.add(*chosen)  # one merge: the build a call's end pays at most
         build = time.perf_counter() - t0
         drafter = SuffixDrafter(index=index)
-        drafter.shape = SuffixTree()
+        drafter.shape, drafter.settings = SuffixTree(), DraftSettings(None, None, False)  # (what `start` sets)
         times, nodes = [], []
         for step in range(args.steps):
             doc = held_out[step % len(held_out)]

@@ -53,6 +53,10 @@ class DraftLengthPolicy:
     def update(self, outcome: StepOutcome) -> None:
         pass
 
+    def step_cost(self, k: int) -> float | None:
+        """Seconds a step with k drafts costs as measured in this run, or None (nothing measured: a constant length)."""
+        return None
+
 
 @dataclass
 class ConstantDraftLength(DraftLengthPolicy):
@@ -170,6 +174,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     level: float | None = None
     draft_seconds_per_token: float | None = None
     steps: int = 0
+    #: the drafter sizes each draft itself, from its own per-node chances against `step_cost` (`sizes_own_drafts`):
+    #: once the costs are measured the policy hands it the cap
+    drafter_sizes: bool = False
 
     def __post_init__(self):
         self.chain, self.tree = ChainAcceptance(self.decay), TreeAcceptance(self.decay)
@@ -185,6 +192,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self.cap  # nothing measured yet: learn acceptance first
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
+        if self.drafter_sizes:  # (it weighs each node's own chance against `step_cost`: an average would cut the
+            return self.cap     #  long confident drafts short, and pad the doubtful ones)
         expected = self.acceptance.expected(self.cap)
         rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
         best = max(range(1, self.cap + 1), key=rate.__getitem__)
@@ -234,6 +243,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 
+    def step_cost(self, k: int) -> float | None:
+        return self.step_seconds(k) if 1 in self.verify_seconds else None
+
     def step_seconds(self, k: int) -> float:
         """Drafting plus the rest of a step with k drafts; times in between measured lengths are interpolated, beyond
         the longest one extrapolated along the last measured slope (never downwards); and never above a wider
@@ -265,19 +277,20 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 _LEARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def policy_for_call(value, learner, model, batch_size: int, sampling: bool = False):
+def policy_for_call(value, learner, model, batch_size: int, sampling: bool = False, drafter_sizes: bool = False):
     """The policy a `generate()` call uses. `None` (the default) is "adaptive" for greedy decoding of one sequence, the
     fastest measured there (BENCHMARKS.md), and "constant" for sampling (so that a fixed seed reproduces its sample)
     and for batches (where n-gram lookup's long copies, which a constant cap lets through, measured faster). "adaptive"
-    is the same policy object as `learner`'s previous calls on this target and batch size."""
+    is the same policy object as `learner`'s previous calls on this target and batch size. `drafter_sizes`: the
+    drafter sizes its drafts itself (`Drafter.sizes_own_drafts`)."""
     if value is None:
         value = "adaptive" if batch_size == 1 and not sampling else "constant"
     if value == "adaptive":
         try:
             learned = _LEARNED.setdefault(learner, {})
         except TypeError:  # not weak-referenceable
-            return AdaptiveDraftLength()
-        return learned.setdefault((id(model), batch_size), AdaptiveDraftLength())
+            return AdaptiveDraftLength(drafter_sizes=drafter_sizes)
+        return learned.setdefault((id(model), batch_size), AdaptiveDraftLength(drafter_sizes=drafter_sizes))
     return as_draft_length_policy(value)
 
 

@@ -13,7 +13,9 @@ import torch
 import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate, verification
 from hf_specdec.drafters import FallbackDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
-from hf_specdec.drafters.suffix import SuffixArray, index_of
+from hf_specdec import draft_length
+from hf_specdec.drafters.base import DraftSettings
+from hf_specdec.drafters.suffix import SuffixArray, _Acceptance, _Node, index_of
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import PAD, assert_speculated, left_pad
@@ -55,7 +57,9 @@ def test_greedy_identical_and_the_second_call_drafts_from_the_first_calls_output
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, speculation_stats=second,
                               draft_length="constant", **kwargs)
         assert torch.equal(out, plain)
-    assert_speculated(second, depth=4, what=arch_name)
+    # (the second round may accept every draft: the answers repeat exactly; the first round's rejections ran)
+    assert_speculated(second, depth=4, rejected=False, what=arch_name)
+    assert first.accepted_tokens < first.drafted_tokens, first.as_dict()
     assert second.mean_accepted_tokens > 4 * first.mean_accepted_tokens > 4, (first.as_dict(), second.as_dict())
     drafter.index.clear()  # without the index, the second round drafts only what the current sequence repeats
     cleared = SpeculationStats()
@@ -64,6 +68,50 @@ def test_greedy_identical_and_the_second_call_drafts_from_the_first_calls_output
                               draft_length="constant", **kwargs)
         assert torch.equal(out, plain)
     assert cleared.mean_accepted_tokens < second.mean_accepted_tokens / 2
+
+
+def test_adaptive_calls_are_identical_and_the_drafter_sizes_its_own_trees():
+    """At batch 1 the default draft length is adaptive: the policy hands the suffix drafter the cap once it has
+    measured step costs, and the drafter keeps the nodes whose chances pay for a wider forward."""
+    target = tiny_llama(vocab=48)
+    prompts = random_prompts(3, vocab=48, seed=5)
+    kwargs = dict(max_new_tokens=30, do_sample=False, repetition_penalty=1.2)
+    drafter, stats, sized = SuffixDrafter(), SpeculationStats(), []
+    original = drafter._sized
+    drafter._sized = lambda nodes: sized.append(drafter.settings.step_cost(0) is not None) or original(nodes)
+    for _ in range(2):  # the second round drafts from the first round's answers
+        for prompt in prompts:
+            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
+                                  speculation_stats=stats, **kwargs)
+            assert torch.equal(out, target.generate(prompt, **kwargs))
+    (policy,) = draft_length._LEARNED[drafter].values()
+    assert isinstance(policy, draft_length.AdaptiveDraftLength) and policy.drafter_sizes
+    assert sum(sized) > len(sized) / 2  # most steps were sized against measured costs
+    assert_speculated(stats, depth=3)
+
+
+def test_a_tree_is_sized_by_its_nodes_chances_against_the_step_cost():
+    chain = [_Node(t, t - 1, 0.9 ** (t + 1), 1.0, ("sequence", 2)) for t in range(10)]  # chances 0.9, 0.81, ...
+    drafter = SuffixDrafter()
+    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: 1.0)  # as cheap wide as narrow (a GPU)
+    assert drafter._sized(chain) == chain
+    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: None)  # nothing measured yet
+    assert drafter._sized(chain) == chain
+    # each draft costs half a step: 1 + 0.9 + 0.81 + 0.729 tokens for 2.5 steps is the best rate (3 nodes)
+    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: 1.0 + 0.5 * k)
+    assert drafter._sized(chain) == chain[:3]
+
+
+def test_node_chances_learn_from_what_was_accepted():
+    acceptance, key = _Acceptance(), ("corpus", 1)
+    prior = acceptance.rate(key)
+    for _ in range(100):  # a one-token corpus match's only continuation, always rejected
+        acceptance.record([_Node(5, -1, prior, 1.0, key), _Node(6, 0, prior * prior, 1.0, key)], set())
+    assert acceptance.rate(key) < 0.1 and acceptance.rate(("sequence", 4)) == prior
+    assert acceptance.counts[key][0] < 100  # only the first node was a trial (its child's parent was rejected)
+    for _ in range(300):
+        acceptance.record([_Node(5, -1, 0.1, 1.0, key), _Node(6, 0, 0.01, 1.0, key)], {0, 1})
+    assert acceptance.rate(key) > 0.9
 
 
 def test_a_name_keeps_one_index_per_target_on_both_routes_and_across_threads():
@@ -97,10 +145,12 @@ def test_in_batches_rows_draft_chains_and_finished_rows_join_the_index():
     prompts = random_prompts(5, vocab=48, seed=11, min_len=3, max_len=10)
     ids, mask = left_pad(prompts)
     kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD, repetition_penalty=1.2)
-    expected = target.generate(ids, **kwargs)
     drafter = SuffixDrafter()
     target.generate(ids, custom_generate=speculative_generate, assistant=drafter, draft_length="constant", **kwargs)
     assert drafter.index.num_documents == 5
+    # answers under another penalty: the index's drafts are partly right, so rows accept and reject unevenly
+    kwargs["repetition_penalty"] = 1.3
+    expected = target.generate(ids, **kwargs)
     stats = SpeculationStats()
     for assistant in (drafter, FallbackDrafter(drafter, NgramDrafter())):
         out = target.generate(ids, custom_generate=speculative_generate, assistant=assistant, speculation_stats=stats,

@@ -145,12 +145,13 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
         attention_mask = torch.ones_like(input_ids)
     # what "adaptive" learns is kept per drafter: a name's, kept with the target, or the object the caller passed
     learner = drafter if isinstance(options.assistant, str) else options.assistant
-    policy = policy_for_call(options.draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample))
+    policy = policy_for_call(options.draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
+                             drafter.sizes_own_drafts)
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
-                             policy.confidence_threshold, compile=options.compile_drafter)
+                             policy.confidence_threshold, compile=options.compile_drafter, step_cost=policy.step_cost)
     drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
     if options.streamer is not None:
         options.streamer.put(input_ids.cpu())
