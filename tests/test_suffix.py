@@ -14,8 +14,9 @@ import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate, verification
 from hf_specdec.drafters import FallbackDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
 from hf_specdec import draft_length
-from hf_specdec.drafters.base import DraftSettings
+from hf_specdec.drafters.base import DraftSettings, Verified
 from hf_specdec.drafters.suffix import SuffixArray, _Acceptance, _Node, index_of
+from hf_specdec.sequences import Sequences
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import PAD, assert_speculated, left_pad
@@ -112,6 +113,17 @@ def test_node_chances_learn_from_what_was_accepted():
     for _ in range(300):
         acceptance.record([_Node(5, -1, 0.1, 1.0, key), _Node(6, 0, 0.01, 1.0, key)], {0, 1})
     assert acceptance.rate(key) > 0.9
+
+
+def test_a_draft_another_drafter_replaced_teaches_nothing():
+    """In `ngram+suffix` a row n-gram lookup drafted reports 0 accepted to the suffix drafter: not a miss of its own."""
+    drafter, seqs = SuffixDrafter(), Sequences(torch.tensor([[3, 4, 5]]), torch.ones(1, 3))
+    key = ("sequence", 1)
+    for mine, learns in ((False, False), (None, True), (True, True)):
+        drafter.drafted, drafter.drafted_after = [[_Node(7, -1, 0.7, 1.0, key)]], [3]
+        before = {k: list(v) for k, v in drafter.acceptance.counts.items()}
+        drafter.accepted(seqs, Verified([0], mine=None if mine is None else [mine]))
+        assert (drafter.acceptance.counts != before) == learns
 
 
 def test_a_name_keeps_one_index_per_target_on_both_routes_and_across_threads():

@@ -100,6 +100,8 @@ class Verified:
     scores: torch.Tensor | None = None  # [B, T + 1, V] the target's processed scores of the step (see `read_tokens`)
     read_tokens: torch.Tensor | None = None  # [B, T + 1] the token each row of `scores` was predicted after: the
     #   row's last pending token, then each draft node (a rejected node's prediction is still the target's)
+    mine: list[bool] | None = None  # per row, whether this drafter's draft was the one verified (a fallback drafter's
+    #   other part may have drafted the row: its num_accepted is then 0); None: every row's
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (finished rows left the batch)."""

@@ -42,8 +42,9 @@ class FallbackDrafter(Drafter):
         self.used_first = [True] * seqs.size
 
     def accepted(self, seqs, verified):
-        mine = lambda use: dataclasses.replace(verified, num_accepted=[a if u == use else 0 for a, u in  # noqa: E731
-                                                                        zip(verified.num_accepted, self.used_first)])
+        mine = lambda use: dataclasses.replace(  # noqa: E731
+            verified, num_accepted=[a if u == use else 0 for a, u in zip(verified.num_accepted, self.used_first)],
+            mine=[u == use for u in self.used_first])
         self.first.accepted(seqs, mine(True))
         self.second.accepted(seqs, mine(False))
 

@@ -412,7 +412,8 @@ class SuffixDrafter(Drafter):
 
     def accepted(self, seqs, verified):
         for b, (nodes, num) in enumerate(zip(self.drafted, verified.num_accepted)):
-            if nodes:  # the accepted path: the tokens kept after the draft's start, followed down the draft
+            if nodes and (verified.mine is None or verified.mine[b]):
+                # the accepted path: the tokens kept after the draft's start, followed down the draft
                 start, path, node = self.drafted_after[b], set(), -1
                 for token in seqs.tokens(b)[start : start + num]:  # (fewer where the row stopped inside them)
                     node = next(i for i, n in enumerate(nodes) if n.parent == node and n.token == token)
