@@ -20,11 +20,16 @@ def route_every_layer(monkeypatch):
 
 @pytest.fixture
 def runs(monkeypatch):
-    """(thread id, layer) of every product that took the fast path."""
+    """(thread id, layer) of every product that took the fast path (a routed layer's, inside `verifying`)."""
     seen = []
-    run = cpu_matmul._run
-    monkeypatch.setattr(cpu_matmul, "_run", lambda path, layer, x: seen.append((threading.get_ident(), layer)) or
-                        run(path, layer, x))
+    forward = cpu_matmul._fast_forward
+
+    def recording(layer, x):
+        if cpu_matmul._ACTIVE.get():
+            seen.append((threading.get_ident(), layer))
+        return forward(layer, x)
+
+    monkeypatch.setattr(cpu_matmul, "_fast_forward", recording)  # (layers are routed through it at each call)
     return seen
 
 
