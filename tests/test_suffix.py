@@ -124,6 +124,14 @@ def test_a_draft_another_drafter_replaced_teaches_nothing():
         before = {k: list(v) for k, v in drafter.acceptance.counts.items()}
         drafter.accepted(seqs, Verified([0], mine=None if mine is None else [mine]))
         assert (drafter.acceptance.counts != before) == learns
+    # inside a fallback inside another, a row the outer one drafted with its first part is not the suffix drafter's
+    inner = FallbackDrafter(NgramDrafter(), drafter)
+    outer = FallbackDrafter(NgramDrafter(), inner)
+    outer.used_first, inner.used_first = [True], [False]  # the outer's n-gram lookup drafted the row
+    drafter.drafted, drafter.drafted_after = [[_Node(7, -1, 0.7, 1.0, key)]], [3]
+    before = {k: list(v) for k, v in drafter.acceptance.counts.items()}
+    outer.accepted(seqs, Verified([0]))
+    assert drafter.acceptance.counts == before
 
 
 def test_a_name_keeps_one_index_per_target_on_both_routes_and_across_threads():

@@ -42,9 +42,10 @@ class FallbackDrafter(Drafter):
         self.used_first = [True] * seqs.size
 
     def accepted(self, seqs, verified):
+        ours = verified.mine or [True] * len(self.used_first)  # (inside another fallback: the rows it gave us)
         mine = lambda use: dataclasses.replace(  # noqa: E731
             verified, num_accepted=[a if u == use else 0 for a, u in zip(verified.num_accepted, self.used_first)],
-            mine=[u == use for u in self.used_first])
+            mine=[u == use and o for u, o in zip(self.used_first, ours)])
         self.first.accepted(seqs, mine(True))
         self.second.accepted(seqs, mine(False))
 
