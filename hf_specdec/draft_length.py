@@ -53,8 +53,9 @@ class DraftLengthPolicy:
     def update(self, outcome: StepOutcome) -> None:
         pass
 
-    def step_cost(self, k: int) -> float | None:
-        """Seconds a step with k drafts costs as measured in this run, or None (nothing measured: a constant length)."""
+    def verify_cost(self, k: int) -> float | None:
+        """Seconds a step verifying k drafts costs as measured in this run, drafting aside, or None (nothing measured:
+        a constant length)."""
         return None
 
 
@@ -174,7 +175,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     level: float | None = None
     draft_seconds_per_token: float | None = None
     steps: int = 0
-    #: the drafter sizes each draft itself, from its own per-node chances against `step_cost` (`sizes_own_drafts`):
+    #: the drafter sizes each draft itself, from its own per-node chances against `verify_cost` (`sizes_own_drafts`):
     #: once the costs are measured the policy hands it the cap
     drafter_sizes: bool = False
 
@@ -192,7 +193,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self.cap  # nothing measured yet: learn acceptance first
         if 1 not in self.verify_seconds:
             return 0  # the cost of a plain step, to compare every length with
-        if self.drafter_sizes:  # (it weighs each node's own chance against `step_cost`: an average would cut the
+        if self.drafter_sizes:  # (it weighs each node's own chance against `verify_cost`: an average would cut the
             return self.cap     #  long confident drafts short, and pad the doubtful ones)
         expected = self.acceptance.expected(self.cap)
         rate = [expected[k] / self.step_seconds(k) for k in range(self.cap + 1)]
@@ -243,14 +244,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
 
-    def step_cost(self, k: int) -> float | None:
-        return self.step_seconds(k) if 1 in self.verify_seconds else None
+    def verify_cost(self, k: int) -> float | None:
+        return self.verify_part(k) if 1 in self.verify_seconds else None
 
     def step_seconds(self, k: int) -> float:
-        """Drafting plus the rest of a step with k drafts; times in between measured lengths are interpolated, beyond
-        the longest one extrapolated along the last measured slope (never downwards); and never above a wider
-        forward's measured time (a narrower forward does no more work: a higher figure is noise that would otherwise
-        keep that length from ever being tried again)."""
+        """Drafting plus the rest of a step with k drafts."""
+        return k * (self.draft_seconds_per_token or 0.0) + self.verify_part(k)
+
+    def verify_part(self, k: int) -> float:
+        """A step with k drafts but its drafting: times in between measured lengths are interpolated, beyond the
+        longest one extrapolated along the last measured slope (never downwards); and never above a wider forward's
+        measured time (a narrower forward does no more work: a higher figure is noise that would otherwise keep that
+        length from ever being tried again)."""
         n, known = k + 1, sorted(self.verify_seconds)
         below = [m for m in known if m <= n]
         above = [m for m in known if m >= n]
@@ -269,7 +274,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         wider = [self.verify_seconds[m] for m in known if m > n]
         if wider:
             verify = min(verify, min(wider))
-        return k * (self.draft_seconds_per_token or 0.0) + verify
+        return verify
 
 
 #: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object) and (target, batch

@@ -12,14 +12,15 @@ import torch
 
 import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate, verification
-from hf_specdec.drafters import FallbackDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
+from hf_specdec.drafters import FallbackDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
+from hf_specdec.drafters.fallback import _Measured
 from hf_specdec import draft_length
 from hf_specdec.drafters.base import DraftSettings, Verified
 from hf_specdec.drafters.suffix import SuffixArray, _Acceptance, _Node, index_of
 from hf_specdec.sequences import Sequences
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import PAD, assert_speculated, left_pad
+from tests.speculation import PAD, assert_speculated, fitted_heads, left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,7 +80,7 @@ def test_adaptive_calls_are_identical_and_the_drafter_sizes_its_own_trees():
     kwargs = dict(max_new_tokens=30, do_sample=False, repetition_penalty=1.2)
     drafter, stats, sized = SuffixDrafter(), SpeculationStats(), []
     original = drafter._sized
-    drafter._sized = lambda nodes: sized.append(drafter.settings.step_cost(0) is not None) or original(nodes)
+    drafter._sized = lambda nodes: sized.append(drafter.settings.verify_cost(0) is not None) or original(nodes)
     for _ in range(2):  # the second round drafts from the first round's answers
         for prompt in prompts:
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
@@ -91,16 +92,56 @@ def test_adaptive_calls_are_identical_and_the_drafter_sizes_its_own_trees():
     assert_speculated(stats, depth=3)
 
 
-def test_a_tree_is_sized_by_its_nodes_chances_against_the_step_cost():
+def test_a_tree_is_sized_by_its_nodes_chances_against_the_verify_cost():
     chain = [_Node(t, t - 1, 0.9 ** (t + 1), 1.0, ("sequence", 2)) for t in range(10)]  # chances 0.9, 0.81, ...
     drafter = SuffixDrafter()
-    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: 1.0)  # as cheap wide as narrow (a GPU)
+    drafter.settings = DraftSettings(None, None, False, verify_cost=lambda k: 1.0)  # as cheap wide as narrow (a GPU)
     assert drafter._sized(chain) == chain
-    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: None)  # nothing measured yet
+    drafter.settings = DraftSettings(None, None, False, verify_cost=lambda k: None)  # nothing measured yet
     assert drafter._sized(chain) == chain
     # each draft costs half a step: 1 + 0.9 + 0.81 + 0.729 tokens for 2.5 steps is the best rate (3 nodes)
-    drafter.settings = DraftSettings(None, None, False, step_cost=lambda k: 1.0 + 0.5 * k)
+    drafter.settings = DraftSettings(None, None, False, verify_cost=lambda k: 1.0 + 0.5 * k)
     assert drafter._sized(chain) == chain[:3]
+    # behind a fallback: (1 + 2.44) / 2.5 = 1.38 tokens per second for 3 nodes beats a rival's 1.3, not its 1.4
+    drafter.rival_rate = 1.3
+    assert drafter._sized(chain) == chain[:3]
+    drafter.rival_rate = 1.4
+    assert drafter._sized(chain) == []
+
+
+def test_behind_a_model_drafter_weak_matches_leave_the_step_to_it():
+    """`suffix+medusa:chain`: the suffix drafter drafts where it expects more tokens per second than the heads gave on
+    their own steps, and declines its weaker trees; greedy output identical, and both parts drafted."""
+    target = tiny_llama(vocab=48)
+    prompts = random_prompts(4, vocab=48, seed=7)
+    kwargs = dict(max_new_tokens=30, do_sample=False, repetition_penalty=1.2)
+    heads = fitted_heads(target, prompts, num_heads=3, **kwargs)  # right often: a rival worth leaving steps to
+    suffix = SuffixDrafter()
+    hybrid = FallbackDrafter(suffix, MedusaDrafter(heads, tree="chain"))
+    assert hybrid.sizes_own_drafts
+    sized, original = [], suffix._sized
+    suffix._sized = lambda nodes: sized.append((len(nodes), suffix.rival_rate, len(kept := original(nodes)))) or kept
+    stats = SpeculationStats()
+    for _ in range(2):  # the second round's suffix drafts come from the first round's answers
+        for prompt in prompts:
+            out = target.generate(prompt, custom_generate=speculative_generate, assistant=hybrid,
+                                  speculation_stats=stats, **kwargs)
+            assert torch.equal(out, target.generate(prompt, **kwargs))
+    assert hybrid.second_measured.gain > 1  # the heads drafted, and were right some of the time
+    assert any(kept for _, _, kept in sized)  # the suffix drafter drafted ...
+    assert any(grown and rival is not None and not kept for grown, rival, kept in sized)  # ... and left steps to them
+    assert_speculated(stats, depth=3)
+
+
+def test_a_fallbacks_second_part_is_measured_in_tokens_per_second():
+    measured = _Measured(decay=0.5)
+    assert measured.rate(lambda k: 1.0) is None  # nothing measured yet
+    measured.steps(3, 4)
+    measured.drafting(0.5)
+    assert measured.rate(None) is None and measured.rate(lambda k: None) is None
+    assert measured.rate(lambda k: 1.0 + 0.25 * k) == pytest.approx(3 / (2.0 + 0.5))
+    measured.steps(1, 2)  # decayed means: 2 tokens per step, 3 drafted
+    assert measured.rate(lambda k: 1.0 + 0.25 * k) == pytest.approx(2 / (1.75 + 0.5))
 
 
 def test_node_chances_learn_from_what_was_accepted():

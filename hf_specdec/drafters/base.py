@@ -84,9 +84,10 @@ class DraftSettings:
     #: the distribution only, before drawing, so that sampling stays exact.
     confidence_threshold: float | None = None
     compile: bool = False  # run the drafter's model through `torch.compile` (drafters whose `compiles_model` is True)
-    #: seconds a step with k drafts costs, as this run measured it (None: not measured, or a constant draft length);
-    #: drafters that size their drafts themselves (`sizes_own_drafts`) weigh each node's chance against it
-    step_cost: object = None
+    #: seconds a step verifying k drafts costs, drafting aside (its drafting is spent by the time a drafter sizes a
+    #: draft), as this run measured it (None: not measured, or a constant draft length); drafters that size their
+    #: drafts themselves (`sizes_own_drafts`) weigh each node's chance against it
+    verify_cost: object = None
 
 
 @dataclass
@@ -183,9 +184,12 @@ class Drafter:
     default_num_draft_tokens: int = 5
     #: whether `compile_drafter=True` can compile its model's forward (a draft model's: see `DraftModelDrafter`)
     compiles_model: bool = False
-    #: whether it sizes each draft itself from per-node chances and `settings.step_cost` (the adaptive policy then
-    #: hands it the cap, not a length of its own)
+    #: whether it sizes each draft itself from per-node chances and `settings.verify_cost` (the adaptive policy then
+    #: hands it the cap, not a length of its own) ...
     sizes_own_drafts: bool = False
+    #: ... and then, inside a fallback drafter, the tokens per second its other part is expected to give this step:
+    #: such a drafter drafts nothing (and leaves the step to it) unless it expects more (None: draft what pays)
+    rival_rate: float | None = None
 
     @classmethod
     def for_target(cls, target, number: int | None = None) -> "Drafter":

@@ -5,11 +5,16 @@ drafter second (a few ms per token, right some of the time on fresh text): `"ngr
 keep their own state in step with the sequence (`start`, `accepted`, `select_rows` go to both), so either can take over
 at any step; each learns in `accepted` how many of ITS drafts a row kept (none, for rows the other one drafted).
 Exactness is untouched: each row's draft comes from one drafter, with that drafter's q.
+
+A first drafter that sizes its own drafts (the suffix drafter: `"suffix+medusa:chain"`) is told, each step, how many
+tokens per second the second one has given on the steps it drafted (`rival_rate`, from its accepted tokens, its draft
+length and its own drafting time): it drafts only where it expects more, so a weak match leaves the step to the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -24,7 +29,10 @@ class FallbackDrafter(Drafter):
         self.first, self.second = first, second
         self.default_num_draft_tokens = max(first.default_num_draft_tokens, second.default_num_draft_tokens)
         self.used_first: list[bool] = []
+        self.second_counts: list[int] = []  # per row, how many tokens the second drafter drafted this step
         self.compiles_model = first.compiles_model or second.compiles_model
+        self.sizes_own_drafts = first.sizes_own_drafts  # the second drafts where the first declines, at its own length
+        self.second_measured = _Measured()  # kept across calls, as the first drafter's own estimates are
 
     def __repr__(self) -> str:
         return f"FallbackDrafter({self.first!r}, {self.second!r})"
@@ -40,6 +48,7 @@ class FallbackDrafter(Drafter):
         self.first.start(target, seqs, settings)
         self.second.start(target, seqs, settings)
         self.used_first = [True] * seqs.size
+        self.second_counts = [0] * seqs.size
 
     def accepted(self, seqs, verified):
         ours = verified.mine or [True] * len(self.used_first)  # (inside another fallback: the rows it gave us)
@@ -48,24 +57,34 @@ class FallbackDrafter(Drafter):
             mine=[u == use and o for u, o in zip(self.used_first, ours)])
         self.first.accepted(seqs, mine(True))
         self.second.accepted(seqs, mine(False))
+        for accepted, drafted, first, o in zip(verified.num_accepted, self.second_counts, self.used_first, ours):
+            if not first and o and drafted:
+                self.second_measured.steps(1 + accepted, drafted)
 
     def select_rows(self, rows):
         self.first.select_rows(rows)
         self.second.select_rows(rows)
         self.used_first = [self.used_first[b] for b in rows]
+        self.second_counts = [self.second_counts[b] for b in rows]
 
     def end(self):
         self.first.end()
         self.second.end()
 
     def propose(self, seqs, max_tokens):
+        if self.sizes_own_drafts:
+            self.first.rival_rate = self.second_measured.rate(self.settings.verify_cost)
         first = self.first.propose(seqs, max_tokens)
         counts = _counts(first)
         self.used_first = [n > 0 for n in counts]
+        self.second_counts = [0] * seqs.size
         if all(self.used_first):
             return first
         # the second drafter at most at its own default length: a model drafter's cost grows with every token
+        began = time.perf_counter()
         second = self.second.propose(seqs, min(max_tokens, self.second.default_num_draft_tokens))
+        self.second_measured.drafting(time.perf_counter() - began)
+        self.second_counts = _counts(second)
         if not any(self.used_first):
             return second
         if second.tree is not None or first.tree is not None:
@@ -73,6 +92,8 @@ class FallbackDrafter(Drafter):
             # rows drafts for all of them this step (the others decode one token)
             use_first = sum(self.used_first) >= sum(n > 0 for n in _counts(second))
             self.used_first = [use_first] * seqs.size
+            if use_first:
+                self.second_counts = [0] * seqs.size
             return first if use_first else second
         # row by row: the first drafter's tokens where it proposed some, else the second's
         width = max(first.num_tokens, second.num_tokens)
@@ -87,6 +108,29 @@ class FallbackDrafter(Drafter):
             pad_probs = lambda p: torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1]))  # noqa: E731
             probs = torch.where(use[:, None, None], pad_probs(as_probs(first)), pad_probs(as_probs(second)))
         return Draft(tokens, probs, num_valid, stopped_early=first.stopped_early and second.stopped_early)
+
+
+class _Measured:
+    """What a drafter's steps gave: tokens per step (1 + accepted), tokens drafted and seconds spent drafting (decayed
+    means), and so its expected tokens per second given what a forward verifying n drafts costs."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay, self.gain, self.length, self.seconds = decay, None, None, None
+
+    def _mean(self, old, new):
+        return new if old is None else self.decay * old + (1 - self.decay) * new
+
+    def steps(self, tokens: int, drafted: int) -> None:
+        self.gain, self.length = self._mean(self.gain, tokens), self._mean(self.length, drafted)
+
+    def drafting(self, seconds: float) -> None:
+        self.seconds = self._mean(self.seconds, seconds)
+
+    def rate(self, verify_cost) -> float | None:
+        if self.gain is None or self.seconds is None or verify_cost is None:
+            return None
+        cost = verify_cost(round(self.length))
+        return None if cost is None else self.gain / (cost + self.seconds)
 
 
 def _counts(draft: Draft) -> list[int]:

@@ -13,7 +13,9 @@ one-token match's shares promise more than it keeps), and its score is the produ
 The source whose tree scores higher drafts; nodes below `min_probability` are left out, and `max_tokens` caps them.
 Under `draft_length="adaptive"` (the default at batch 1) the drafter sizes each tree itself (`_sized`): the number of
 nodes with the most expected tokens per second, from the nodes' own chances and the step costs the policy measured;
-an average acceptance by node position would cut a confident long draft short and pad a doubtful one. Nodes come
+an average acceptance by node position would cut a confident long draft short and pad a doubtful one. As the first
+part of a fallback drafter (`"suffix+medusa:chain"`) it drafts only where it expects more than the other part would
+give, which leaves fresh text to the model. Nodes come
 likeliest first with parents first, as the loop needs.
 
 At batch 1 the tree is verified in one forward with a tree attention mask; in a batch, or where a tree cannot be
@@ -209,15 +211,15 @@ class _Node:
     parent: int  # its index in the same list (-1: the root)
     score: float  # its estimated chance to be accepted: the product of its path's conditional chances
     share: float  # the share of its parent's continuations it took (what `_Acceptance` calibrates)
-    key: tuple  # (source kind, match-length bucket) of the tree it grew in
+    key: tuple  # (source kind, match-length bucket) of the match it continues
     state: object = None  # the source's state after this node's path
 
 
 def _match_bucket(matched: int) -> int:
-    """Match lengths 1, 2-3, 4-7 and 8+: how far a continuation's share can be trusted depends on it (a one-token
+    """Match lengths 1, 2-3, 4-7, 8-15 and 16+: how far a continuation's share can be trusted depends on it (a one-token
     match continues as its share says a third to four fifths as often as an eight-token one, on the project's
-    repeated workloads)."""
-    return min(matched.bit_length(), 4)
+    repeated workloads; deep in a long copy, nearly always)."""
+    return min(matched.bit_length(), 5)
 
 
 class _Acceptance:
@@ -254,7 +256,7 @@ class _CorpusSource:
         array = self.array
         longest = min(len(context), array.depth - 1)
         if not longest:
-            return None, 0
+            return None
         best, low, high = None, 1, longest
         while low <= high:  # the longest matching suffix length, by bisection (a suffix of a match matches too)
             m = (low + high) // 2
@@ -263,15 +265,16 @@ class _CorpusSource:
                 best, low = (array, lo, hi, m), m + 1
             else:
                 high = m - 1
-        return best, (best[3] if best else 0)
+        return best
 
     @staticmethod
     def expand(state):
+        """(token, share, state) of each continuation, and the length of the match they continue."""
         array, lo, hi, matched = state[:4]
         total = hi - lo
         if matched < array.depth:  # within the sorted depth, a child is a sub-range of the suffix array
             return [(token, count / total, (array, a, b, matched + 1))
-                    for token, count, a, b in array.children(lo, hi, matched)]
+                    for token, count, a, b in array.children(lo, hi, matched)], matched
         # past it, the suffixes are no longer sorted by what follows: group their positions instead
         positions = state[4] if len(state) > 4 else array.order[lo:hi].astype(np.int64)
         at = positions + matched
@@ -282,7 +285,7 @@ class _CorpusSource:
             if token != SEPARATOR:
                 group = positions[following == token]
                 out.append((int(token), len(group) / total, (array, 0, len(group), matched + 1, group)))
-        return out
+        return out, matched
 
 
 class _SequenceSource:
@@ -294,44 +297,47 @@ class _SequenceSource:
         self.index = index
 
     def root(self, context: list[int]):
+        """The context's recent tokens, if the sequence holds a continuation of some suffix of them (else None)."""
         n, _ = self.index._longest_match(context[-self.index.max_n :])
-        return (tuple(context[-self.index.max_n :]) if n else None), n
+        return tuple(context[-self.index.max_n :]) if n else None
 
     def expand(self, state):
         n, key = self.index._longest_match(list(state))
         if key is None:
-            return []
+            return [], 0
         followers = self.index.follow[key]
         total = sum(count for count, _ in followers.values())
         return [(token, count / total, (state + (token,))[-self.index.max_n :])
-                for token, (count, _) in followers.items()]
+                for token, (count, _) in followers.items()], n
 
 
 def _grow(source, context: list[int], budget: int, min_probability: float, max_depth: int,
           acceptance: _Acceptance) -> tuple[list[_Node], float]:
-    """The best-first tree of up to `budget` nodes (parents first, likeliest first) and its summed scores."""
-    state, matched = source.root(context)
+    """The best-first tree of up to `budget` nodes (parents first, likeliest first) and its summed scores. A node's
+    chance is calibrated by the length of the match it continues (its parent's path extends the root's match)."""
+    state = source.root(context)
     if state is None or budget <= 0:
         return [], 0.0
-    key = (source.kind, _match_bucket(matched))
-    rate = acceptance.rate(key)
     nodes: list[_Node] = []
     depth = {-1: 0}
-    frontier = [(-1.0, -1, 0, -1, 1.0, state)]  # (-score, parent, tie-break, token, share, state); the root: no node
+    frontier = [(-1.0, -1, 0, -1, 1.0, None, state)]  # (-score, parent, tie-break, token, share, key, state)
     tie = 0
     while frontier and len(nodes) < budget:
-        neg, parent, _, token, share, state = heapq.heappop(frontier)
-        if token >= 0:
+        neg, parent, _, token, share, key, state = heapq.heappop(frontier)
+        if token >= 0:  # (the root is no node)
             nodes.append(_Node(token, parent, -neg, share, key, state))
             depth[len(nodes) - 1] = depth[parent] + 1
             parent = len(nodes) - 1
         if depth[parent] >= max_depth:
             continue
-        for child, child_share, child_state in source.expand(state):
+        children, matched = source.expand(state)
+        key = (source.kind, _match_bucket(matched))
+        rate = acceptance.rate(key)
+        for child, child_share, child_state in children:
             score = -neg * min(1.0, child_share * rate)
             if score >= min_probability:
                 tie += 1
-                heapq.heappush(frontier, (-score, parent, tie, child, child_share, child_state))
+                heapq.heappush(frontier, (-score, parent, tie, child, child_share, key, child_state))
     return nodes, sum(node.score for node in nodes)
 
 
@@ -348,6 +354,7 @@ class SuffixDrafter(Drafter):
 
     default_num_draft_tokens = 16
     sizes_own_drafts = True  # from each node's estimated chance against the measured cost of a step (`_sized`)
+    explore_every = 32
 
     def __init__(self, index: SuffixIndex | None = None, min_probability: float = 0.1, max_depth: int = 16,
                  max_ngram: int = 16):
@@ -358,6 +365,7 @@ class SuffixDrafter(Drafter):
         self.min_probability, self.max_depth, self.max_ngram = min_probability, max_depth, max_ngram
         self.sequences: list[NgramIndex] = []
         self.acceptance = _Acceptance()  # what its nodes' shares have been worth, kept across calls
+        self.cut_trees = 0  # how many trees `_sized` cut short
         self.drafted: list[list[_Node]] = []  # per row, the nodes of its last draft ...
         self.drafted_after: list[int] = []  # ... and how many tokens the row held then
 
@@ -397,17 +405,24 @@ class SuffixDrafter(Drafter):
 
     def _sized(self, nodes: list[_Node]) -> list[_Node]:
         """The first n of `nodes` (scores never rise along them) with the most expected tokens per second: a step
-        emits 1 + the sum of its nodes' chances and costs what this run measured a step of n drafts to cost.
-        Unmeasured: all of them."""
-        cost = self.settings.step_cost
+        emits 1 + the sum of its nodes' chances and costs what this run measured a forward verifying n drafts to cost
+        (the drafting is spent either way). None of them where a plain step, or the drafter a fallback would use
+        instead (`rival_rate`), is expected to do better. Unmeasured: all of them; and every `explore_every`-th tree
+        that would be cut goes out whole, so that wide forwards are measured, not extrapolated from narrow ones (an
+        extrapolated cost of 16 drafts measured 2.7x the true one, and kept sure copies at 4 nodes)."""
+        cost = self.settings.verify_cost
         if not nodes or cost is None or cost(0) is None:
             return nodes
-        best, best_rate, gain = 0, 1.0 / cost(0), 1.0
+        best, best_rate, gain = 0, max(1.0 / cost(0), self.rival_rate or 0.0), 1.0
         for n, node in enumerate(nodes, start=1):
             gain += node.score
             rate = gain / cost(n)
             if rate > best_rate:
                 best, best_rate = n, rate
+        if 0 < best < len(nodes):
+            self.cut_trees += 1
+            if self.cut_trees % self.explore_every == 0:
+                return nodes
         return nodes[:best]
 
     def accepted(self, seqs, verified):

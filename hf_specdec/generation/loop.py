@@ -151,7 +151,7 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
     settings = DraftSettings(generation_config, logits_processor, bool(generation_config.do_sample),
-                             policy.confidence_threshold, compile=options.compile_drafter, step_cost=policy.step_cost)
+                             policy.confidence_threshold, compile=options.compile_drafter, verify_cost=policy.verify_cost)
     drafter.start(target, seqs, settings)  # may still refuse the call: no forward has run yet
     if options.streamer is not None:
         options.streamer.put(input_ids.cpu())
