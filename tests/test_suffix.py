@@ -107,6 +107,9 @@ def test_a_tree_is_sized_by_its_nodes_chances_against_the_verify_cost():
     assert drafter._sized(chain) == chain[:3]
     drafter.rival_rate = 1.4
     assert drafter._sized(chain) == []
+    # now and then a tree that would be cut goes out whole, so that the wide forward's cost gets measured
+    drafter.rival_rate, drafter.explore_every, drafter.cut_trees = None, 3, 0
+    assert [len(drafter._sized(chain)) for _ in range(6)] == [3, 3, 10, 3, 3, 10]
 
 
 def test_behind_a_model_drafter_weak_matches_leave_the_step_to_it():
