@@ -258,6 +258,28 @@ def test_sampling_keeps_the_targets_distribution(batched):
     assert_speculated(stats, depth=2)
 
 
+def test_sampling_behind_a_model_drafter_with_adaptive_sizing_keeps_the_targets_distribution():
+    """`suffix+medusa:chain` under `draft_length="adaptive"`: which part drafts, and how many nodes, depends on rates
+    measured at earlier steps, never on this step's draws, so the samples keep the target's distribution."""
+    target = tiny_llama(vocab=12, seed=0)
+    suffix = warmed_drafter(target)
+    suffix.index.add = lambda *documents: None
+    torch.manual_seed(1)
+    heads = fitted_heads(target, [PROMPT] * 100, num_heads=2, **SAMPLING)
+    hybrid = FallbackDrafter(suffix, MedusaDrafter(heads, tree="chain"))
+    rivals, original = [], suffix._sized
+    suffix._sized = lambda nodes: rivals.append(suffix.rival_rate) or original(nodes)
+    exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **SAMPLING), 4)
+    stats = SpeculationStats()
+    torch.manual_seed(0)
+    drawn = [tuple(target.generate(PROMPT, custom_generate=speculative_generate, assistant=hybrid,
+                                   draft_length="adaptive", speculation_stats=stats, **SAMPLING)[0, PROMPT.shape[1]:].tolist())
+             for _ in range(2500)]
+    assert chi_square_pvalue(drawn, exact) > 1e-3
+    assert hybrid.second_measured.gain is not None and any(r is not None for r in rivals)  # both parts, and the rival
+    assert_speculated(stats, depth=2)
+
+
 def test_sampling_negative_control(monkeypatch):
     monkeypatch.setattr(verification, "residual_distribution", lambda p, q: p)  # forget rejected siblings
     assert suffix_pvalue(False, SpeculationStats()) < 1e-6
