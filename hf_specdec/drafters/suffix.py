@@ -15,8 +15,7 @@ Under `draft_length="adaptive"` (the default at batch 1) the drafter sizes each 
 nodes with the most expected tokens per second, from the nodes' own chances and the step costs the policy measured;
 an average acceptance by node position would cut a confident long draft short and pad a doubtful one. As the first
 part of a fallback drafter (`"suffix+medusa:chain"`) it drafts only where it expects more than the other part would
-give, which leaves fresh text to the model. Nodes come
-likeliest first with parents first, as the loop needs.
+give, which leaves fresh text to the model. Nodes come likeliest first with parents first, as the loop needs.
 
 At batch 1 the tree is verified in one forward with a tree attention mask; in a batch, or where a tree cannot be
 verified (sliding-window attention, flash attention, convolution layers over recent slots), each row drafts the tree's
