@@ -4,6 +4,8 @@ saving and loading it."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 
 import numpy as np
@@ -297,6 +299,17 @@ def test_the_index_is_bounded_and_saves_and_loads(tmp_path):
     loaded.load(tmp_path / "index.npz")
     assert [d.tolist() for d in loaded._large_docs + loaded._recent_docs] == kept
     assert index.nbytes() == 8 * sum(len(a) for a in index.arrays)  # 8 bytes per token: tokens and suffix array
+
+
+def test_a_drafter_copies_and_pickles_with_an_index_of_its_own():
+    """`hf-specdec bench` deep-copies each drafter it measures: the copy's index holds the same documents, and adding
+    to one leaves the other as it was."""
+    drafter = SuffixDrafter()
+    drafter.index.add([1, 2, 3, 4], [5, 6, 7])
+    for twin in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):
+        assert twin.index.num_documents == 2 and twin.index.arrays[0].range_of([2, 3]) == drafter.index.arrays[0].range_of([2, 3])
+        twin.index.add([8, 9])
+        assert twin.index.num_documents == 3 and drafter.index.num_documents == 2
 
 
 def test_warm_from_a_jsonl_of_earlier_answers(tmp_path):

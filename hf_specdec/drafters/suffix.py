@@ -138,6 +138,15 @@ class SuffixIndex:
             self._recent_docs: list[np.ndarray] = []
             self.arrays: tuple[SuffixArray, ...] = ()
 
+    def __getstate__(self) -> dict:  # copies and pickles (`hf-specdec bench` copies each drafter) get a lock of their own
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def num_tokens(self) -> int:
         return sum(len(d) for d in self._large_docs) + sum(len(d) for d in self._recent_docs)
