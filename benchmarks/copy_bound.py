@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from repeated_work import dev, humaneval, json_extraction, multiturn_conversations
+from repeated_work import requests_in_order
 
 
 def plain_outputs(workload: str, requests: int, max_new_tokens: int, threads: int) -> list[tuple[list, list]]:
@@ -28,25 +28,15 @@ def plain_outputs(workload: str, requests: int, max_new_tokens: int, threads: in
 
     torch.set_num_threads(threads)
     target, tokenizer = hf_specdec.load_default_target()
-    if workload == "multiturn":
-        conversations = multiturn_conversations(requests)
-        plan = [(c, t) for c in range(len(conversations)) for t in range(len(conversations[c]))][:requests]
-        history = [[] for _ in conversations]
-    else:
-        messages = {"humaneval": humaneval, "json": json_extraction, "dev": dev}[workload](requests)
     out = []
-    for i in range(requests):
-        if workload == "multiturn":
-            c, t = plan[i]
-            chat = history[c] + [{"role": "user", "content": conversations[c][t]}]
-        else:
-            chat = messages[i]
+    chats = requests_in_order(workload, requests)
+    chat = next(chats)
+    while chat is not None:
         enc = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         ids = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
         prompt, answer = ids[: enc["input_ids"].shape[1]], ids[enc["input_ids"].shape[1] :]
         out.append((prompt, answer))
-        if workload == "multiturn":
-            history[c] = chat + [{"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
+        chat = chats.send(tokenizer.decode(answer, skip_special_tokens=True))
     return out
 
 

@@ -79,6 +79,27 @@ def dev(n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": p}] for p in read_prompts("dev", n)]
 
 
+def requests_in_order(workload: str, requests: int):
+    """Each request's chat messages, in order; send back the target's answer to get the next one (a multi-turn
+    conversation goes on with it)."""
+    if workload == "multiturn":
+        conversations = multiturn_conversations(requests)
+        plan = [(c, t) for c in range(len(conversations)) for t in range(len(conversations[c]))][:requests]
+        history = [[] for _ in conversations]
+    else:
+        messages = {"humaneval": humaneval, "json": json_extraction, "dev": dev}[workload](requests)
+    for i in range(requests):
+        if workload == "multiturn":
+            c, t = plan[i]
+            chat = history[c] + [{"role": "user", "content": conversations[c][t]}]
+        else:
+            chat = messages[i]
+        answer = yield chat
+        if workload == "multiturn":
+            history[c] = chat + [{"role": "assistant", "content": answer}]
+    yield None
+
+
 def method_kwargs(name: str, target) -> dict:
     import hf_specdec
     from hf_specdec.assistants import build
@@ -109,18 +130,9 @@ def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], t
                                          return_tensors="pt", return_dict=True)
     for name in methods:  # one-time costs out of the way (a request's worth of index: a two-token answer)
         target.generate(**warm, max_new_tokens=2, do_sample=False, **kwargs[name])
-    if workload == "multiturn":
-        conversations = multiturn_conversations(requests)
-        plan = [(c, t) for c in range(len(conversations)) for t in range(len(conversations[c]))][:requests]
-        history = [[] for _ in conversations]
-    else:
-        messages = {"humaneval": humaneval, "json": json_extraction, "dev": dev}[workload](requests)
+    chats = requests_in_order(workload, requests)
+    chat = next(chats)
     for i in range(requests):
-        if workload == "multiturn":
-            c, t = plan[i]
-            chat = history[c] + [{"role": "user", "content": conversations[c][t]}]
-        else:
-            chat = messages[i]
         enc = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         outputs = {}
         for name in methods[i % len(methods):] + methods[: i % len(methods)]:
@@ -133,9 +145,8 @@ def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], t
             outputs[name] = out
         for name in methods:
             rows[name]["identical"].append(bool(torch.equal(outputs[name], outputs["plain"])))
-        if workload == "multiturn":  # the conversation goes on with the target's own answer
-            answer = tokenizer.decode(outputs["plain"][0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            history[c] = chat + [{"role": "assistant", "content": answer}]
+        answer = tokenizer.decode(outputs["plain"][0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        chat = chats.send(answer)
         print(f"request {i + 1}/{requests}: " + ", ".join(
             f"{n} {rows[n]['tokens'][-1] / max(rows[n]['forwards'][-1], 1):.2f}" for n in methods), flush=True)
     plain_seconds = rows["plain"]["seconds"]
