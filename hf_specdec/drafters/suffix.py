@@ -417,7 +417,7 @@ class SuffixDrafter(Drafter):
         (the drafting is spent either way). None of them where a plain step, or the drafter a fallback would use
         instead (`rival_rate`), is expected to do better. Unmeasured: all of them; and every `explore_every`-th tree
         that would be cut goes out whole, so that wide forwards are measured, not extrapolated from narrow ones (an
-        extrapolated cost of 16 drafts measured 2.7x the true one, and kept sure copies at 4 nodes)."""
+        extrapolated cost of 16 drafts came out 211 ms against 110 ms measured, and kept sure copies at 4 nodes)."""
         cost = self.settings.verify_cost
         if not nodes or cost is None or cost(0) is None:
             return nodes
