@@ -401,15 +401,20 @@ class SuffixDrafter(Drafter):
         for b, sequence in enumerate(self.sequences):
             context = seqs.tokens(b)
             sequence.extend(context[len(sequence) :])
-            best, best_score = [], 0.0
-            for source in [_SequenceSource(sequence), *map(_CorpusSource, arrays)]:
-                nodes, score = _grow(source, context, self.shape.budget(max_tokens), self.min_probability, self.max_depth,
-                                     self.acceptance)
-                if score > best_score:
-                    best, best_score = nodes, score
-            drafts.append(self._sized(self.shape.nodes(best, max_tokens)))
+            tree = self.grow(context, sequence, arrays, self.shape.budget(max_tokens))
+            drafts.append(self._sized(self.shape.nodes(tree, max_tokens)))
         self.drafted, self.drafted_after = drafts, [len(seqs.tokens(b)) for b in range(seqs.size)]
         return self.shape.draft(drafts, seqs.ids(0).device)
+
+    def grow(self, context: list[int], sequence: NgramIndex, arrays, budget: int) -> list[_Node]:
+        """The likelier tree of the two sources' for `context` (the current sequence's n-gram index, and the index's
+        arrays), up to `budget` nodes, before sizing (`benchmarks/suffix_replay.py` replays outputs through it)."""
+        best, best_score = [], 0.0
+        for source in [_SequenceSource(sequence), *map(_CorpusSource, arrays)]:
+            nodes, score = _grow(source, context, budget, self.min_probability, self.max_depth, self.acceptance)
+            if score > best_score:
+                best, best_score = nodes, score
+        return best
 
     def _sized(self, nodes: list[_Node]) -> list[_Node]:
         """The first n of `nodes` (scores never rise along them) with the most expected tokens per second: a step
