@@ -5,6 +5,7 @@ recycling, transformers' prompt lookup and the default drafter, all interleaved 
     python benchmarks/repeated_work.py --workload multiturn --requests 24    # 8 ShareGPT conversations, 3 turns each
     python benchmarks/repeated_work.py --workload json --requests 30         # one JSON schema filled for many inputs
     python benchmarks/repeated_work.py --workload dev --requests 30          # the dev chat prompts (nothing repeats)
+    python benchmarks/repeated_work.py --table benchmarks/results/repeated-humaneval.json --seen 24  # a saved run's tables
 
 Each method keeps one drafter object for the whole run (the suffix index starts empty and fills with every request;
 token recycling's table and each policy carry over too), with hf_specdec's defaults (`draft_length` adaptive at batch
@@ -117,7 +118,7 @@ def method_kwargs(name: str, target) -> dict:
     return {"custom_generate": hf_specdec.speculative_generate, "assistant": drafter}
 
 
-def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], threads: int) -> dict:
+def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], threads: int, seen: int) -> dict:
     import hf_specdec
 
     torch.set_num_threads(threads)
@@ -158,7 +159,21 @@ def run(workload: str, requests: int, max_new_tokens: int, methods: list[str], t
         row["curve"] = [{"requests_seen": a, "tokens_per_forward": sum(row["tokens"][a:b]) / max(sum(row["forwards"][a:b]), 1),
                          "speed_up": sum(plain_seconds[a:b]) / sum(row["seconds"][a:b])} for a, b in buckets]
     return {"settings": {"workload": workload, "requests": requests, "max_new_tokens": max_new_tokens,
-                         "methods": methods, "threads": threads}, "rows": rows}
+                         "methods": methods, "threads": threads}, "rows": rows, "seen": summary_after(rows, seen)}
+
+
+def summary_after(rows: dict, seen: int) -> dict:
+    """Each method over the requests that came after the first `seen` (where a learning drafter has had its start):
+    tokens per forward, its ratio to n-gram lookup's over the same requests, and the speed-up."""
+    plain = rows["plain"]["seconds"][seen:]
+    out = {"requests_seen": seen}
+    for name, row in rows.items():
+        tokens, forwards = sum(row["tokens"][seen:]), max(sum(row["forwards"][seen:]), 1)
+        out[name] = {"tokens_per_forward": tokens / forwards, "speed_up": sum(plain) / max(sum(row["seconds"][seen:]), 1e-9)}
+    if "ngram" in out:
+        for name in rows:
+            out[name]["vs_ngram"] = out[name]["tokens_per_forward"] / out["ngram"]["tokens_per_forward"]
+    return out
 
 
 def table(report: dict) -> str:
@@ -171,22 +186,40 @@ def table(report: dict) -> str:
         curve = " / ".join(f"{c['tokens_per_forward']:.2f}" for c in row["curve"])
         lines.append(f"| {name} | {row['tokens_per_second']:.1f} | {row['speed_up']:.2f}x | "
                      f"{row['tokens_per_forward']:.2f} | {curve} | {'yes' if all(row['identical']) else 'NO'} |")
+    after = report.get("seen")
+    if after and after["requests_seen"] < s["requests"]:
+        lines += ["", f"After the first {after['requests_seen']} requests:", "",
+                  "| method | tokens per target forward | against n-gram lookup's | speed-up |", "|---|---|---|---|"]
+        for name in rows:
+            row = after[name]
+            ratio = f"{row['vs_ngram']:.2f}x" if "vs_ngram" in row else ""
+            lines.append(f"| {name} | {row['tokens_per_forward']:.2f} | {ratio} | {row['speed_up']:.2f}x |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"], required=True)
+    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"])
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seen", type=int, default=24,
+                        help="also summarize the requests after the first SEEN, once the index holds a few dozen")
+    parser.add_argument("--table", default=None, help="print the tables of a saved report (its JSON) and exit")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.table:
+        report = json.loads(Path(args.table).read_text())
+        report["seen"] = summary_after(report["rows"], args.seen)
+        print(table(report))
+        return
+    if not args.workload:
+        parser.error("--workload is required (or --table to print a saved report)")
     methods = args.methods.split(",")
     if "plain" not in methods:
         methods.insert(0, "plain")
-    report = run(args.workload, args.requests, args.max_new_tokens, methods, args.threads)
+    report = run(args.workload, args.requests, args.max_new_tokens, methods, args.threads, args.seen)
     print(table(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
