@@ -76,8 +76,10 @@ def known_names() -> str:
 
 
 def default_name(target=None) -> str:
-    """The fastest drafter the project has measured for this target (BENCHMARKS.md): for the embedded SmolLM2, n-gram
-    lookup backed by the shipped Medusa heads' chain; for any other target, n-gram lookup."""
+    """The fastest drafter the project has measured for this target among those that keep nothing across calls
+    (BENCHMARKS.md): for the embedded SmolLM2, n-gram lookup backed by the shipped Medusa heads' chain; for any other
+    target, n-gram lookup. Suffix decoding measures faster on repeated work, but a seeded sample would then depend on
+    earlier calls, and one caller's text would shape how fast another's requests run, so it stays opt-in ("suffix")."""
     from .default_model import is_default_target
 
     if (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names():

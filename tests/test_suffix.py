@@ -287,6 +287,25 @@ def test_sampling_negative_control(monkeypatch):
     assert suffix_pvalue(False, SpeculationStats()) < 1e-6
 
 
+def test_a_fixed_seed_reproduces_a_sample_from_the_same_drafter_state_only():
+    """The suffix drafter learns from every call (its index and its node chances), so a seeded sample is reproduced by
+    a fresh drafter, not by the same drafter a call later: the drafts differ, and so do the draws that verify them
+    (each sample keeps the target's distribution either way). Why it is opt-in, not part of `"default"`."""
+    target, prompt = tiny_llama(vocab=48), random_prompts(1, vocab=48, seed=3)[0]
+
+    def sample(drafter):
+        torch.manual_seed(0)
+        return target.generate(prompt, max_new_tokens=40, do_sample=True, custom_generate=speculative_generate,
+                               assistant=drafter)[0].tolist()
+
+    kept = SuffixDrafter()
+    first = sample(kept)
+    assert sample(SuffixDrafter()) == first  # the same state: the same sample
+    assert sample(kept) != first  # one call later the index holds the first sample
+    ngram = NgramDrafter()  # a drafter with no state across calls reproduces it every time
+    assert sample(ngram) == sample(ngram)
+
+
 def test_the_index_is_bounded_and_saves_and_loads(tmp_path):
     index = SuffixIndex(max_tokens=100, merge_tokens=10)
     for i in range(30):
