@@ -14,11 +14,13 @@ from benchmarks.architectures import run_type
 #: (deepseek_v3), convolution layers that can roll back (lfm2), complex RoPE on a non-contiguous projection (llama4_text)
 IDENTICAL = ["llama", "bloom", "gpt2", "gpt_neox", "falcon", "gpt_bigcode", "gemma2", "gemma3", "qwen3_moe",
              "deepseek_v3", "lfm2", "llama4_text", "mpt"]
-#: refused before any forward, with the reason: recurrent state, no cache in the forward
-REFUSED = {"mamba": "recurrent state", "rwkv": "recurrent state", "xlnet": "takes no cache",
+#: refused before any forward, with the reason: recurrent state, no cache in the forward ... (where transformers
+#: versions differ, either reason: from 5.25 RWKV's forward takes no cache and is no longer marked stateful, and
+#: DeepSeek V4 attends through an indexer instead of a recurrent state)
+REFUSED = {"mamba": "recurrent state", "rwkv": ("recurrent state", "takes no cache"), "xlnet": "takes no cache",
            "openai-gpt": "takes no cache", "cpmant": "position bias", "moshi": "other tokens",
-           "deepseek_v4": "recurrent state", "minimax": "cannot be rolled back", "prophetnet": "one new token",
-           "xlm": "structure of its own"}
+           "deepseek_v4": ("recurrent state", "indexer"), "minimax": "cannot be rolled back",
+           "prophetnet": "one new token", "xlm": "structure of its own"}
 
 
 @pytest.mark.parametrize("model_type", IDENTICAL)
@@ -32,8 +34,9 @@ def test_identical_to_plain_greedy(model_type):
                for drafter in ("copy", "noisy", "ngram") for route in ("enable", "custom_generate")), row["cells"]
 
 
-@pytest.mark.parametrize("model_type, reason", sorted(REFUSED.items()))
+@pytest.mark.parametrize("model_type, reason", sorted(REFUSED.items()), ids=sorted(REFUSED))
 def test_refused_before_any_forward_with_the_reason(model_type, reason):
     row = run_type(model_type, fast_variants=(True,))
     ours = {name: cell for name, cell in row["cells"].items() if not name.startswith("transformers")}
-    assert all(cell["status"] == "refused" and reason in cell["reason"] for cell in ours.values()), ours
+    reasons = (reason,) if isinstance(reason, str) else reason
+    assert all(cell["status"] == "refused" and any(r in cell["reason"] for r in reasons) for cell in ours.values()), ours

@@ -116,13 +116,16 @@ def check_architecture(model) -> None:
     """Refuse, before any forward, a target whose forward cannot be verified several tokens at a time and then rolled
     back to the accepted prefix (transformers' own assisted decoding refuses the same ones)."""
     name = type(model).__name__
-    if getattr(model, "_is_stateful", False):
+    text_config = model.config.get_text_config()
+    # transformers < 5.25 marks such models `_is_stateful`; from 5.25 their cache layers are named by `layer_types`
+    # ("conv" layers keep only convolution states, which roll back; these keep an SSM / linear-attention state)
+    recurrent_layers = set(getattr(text_config, "layer_types", None) or ()) & {"linear_attention", "hybrid", "hybrid_sliding"}
+    if getattr(model, "_is_stateful", False) or recurrent_layers:
         raise InputError(f"{name} keeps a recurrent state (Mamba-, RWKV- or linear-attention-style layers), which cannot "
                          "be rolled back to before a rejected draft, as speculative decoding needs: use plain generate().")
     if "cache" not in inspect.signature(model.forward).parameters:
         raise InputError(f"{name}'s forward takes no cache, so it cannot verify new tokens after the ones it has read: "
                          "use plain generate().")
-    text_config = model.config.get_text_config()
     if getattr(text_config, "index_topk", None) is not None:
         raise InputError(f"{name} attends to the top {text_config.index_topk} keys an indexer selects (sparse attention), "
                          "and its selection for a token depends on how many tokens one forward reads, so verifying a "
