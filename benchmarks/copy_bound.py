@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from repeated_work import requests_in_order
+from repeated_work import add_workload_arguments, requests_in_order
 
 
 def plain_outputs(workload: str, requests: int, max_new_tokens: int, threads: int) -> list[tuple[list, list]]:
@@ -67,12 +67,9 @@ def bound_forwards(earlier: str, prompt: list[int], answer: list[int], cap: int)
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"], required=True)
-    parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    add_workload_arguments(parser, max_new_tokens=96)
     parser.add_argument("--cap", type=int, default=16, help="the most tokens drafted per step (the suffix drafter's)")
     parser.add_argument("--measured", default=None, help="repeated_work.py's JSON of the same workload and requests")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     outputs = plain_outputs(args.workload, args.requests, args.max_new_tokens, args.threads)

@@ -101,6 +101,14 @@ def requests_in_order(workload: str, requests: int):
     yield None
 
 
+def add_workload_arguments(parser, max_new_tokens: int, required: bool = True) -> None:
+    """The options that name a run of requests, shared by this script, copy_bound.py and suffix_replay.py."""
+    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"], required=required)
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--threads", type=int, default=2)
+
+
 def method_kwargs(name: str, target) -> dict:
     import hf_specdec
     from hf_specdec.assistants import build
@@ -199,11 +207,8 @@ def table(report: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"])
-    parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_workload_arguments(parser, max_new_tokens=128, required=False)
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seen", type=int, default=24,
                         help="also summarize the requests after the first SEEN, once the index holds a few dozen")
     parser.add_argument("--table", default=None, help="print the tables of a saved report (its JSON) and exit")

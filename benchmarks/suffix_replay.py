@@ -20,6 +20,7 @@ import types
 from pathlib import Path
 
 from copy_bound import plain_outputs
+from repeated_work import add_workload_arguments
 
 from hf_specdec.drafters.ngram import NgramIndex
 from hf_specdec.drafters.suffix import SuffixDrafter
@@ -73,15 +74,12 @@ def replay_ngram(outputs, k: int = 16) -> list[int]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["humaneval", "multiturn", "json", "dev"], required=True)
-    parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    add_workload_arguments(parser, max_new_tokens=96)
     parser.add_argument("--budgets", default="16,32,64,128", help="tree sizes replayed with flat costs")
     parser.add_argument("--cpu-cost", default="0.058,0.0033",
                         help="seconds of a one-token verification, and per drafted node, on this CPU")
     parser.add_argument("--seen", type=int, default=24, help="also over the requests after the first SEEN")
     parser.add_argument("--outputs", default=None, help="where the plain outputs are cached (JSON)")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     cache = Path(args.outputs or Path.home() / ".cache" / "hf_specdec" / "replay" /
