@@ -22,7 +22,7 @@ from pathlib import Path
 from copy_bound import plain_outputs
 from repeated_work import add_workload_arguments
 
-from hf_specdec.drafters.ngram import NgramIndex
+from hf_specdec.drafters.ngram import NgramDrafter, NgramIndex
 from hf_specdec.drafters.suffix import SuffixDrafter
 
 
@@ -53,14 +53,16 @@ def replay_suffix(outputs, budget: int, min_probability: float, cost) -> list[in
 
 
 def replay_ngram(outputs, k: int = 16) -> list[int]:
-    """N-gram lookup at a constant cap of k, with its caps after short matches (no step-cost sizing)."""
-    caps = (3, 8)
+    """N-gram lookup at a constant cap of k, with its own settings and caps after short matches (no step-cost
+    sizing)."""
+    ngram = NgramDrafter()
+    caps = ngram.max_tokens_by_match
     forwards = []
     for prompt, answer in outputs:
-        index, context, i, steps = NgramIndex(1, 8), list(prompt), 0, 0
+        index, context, i, steps = ngram._new_index(), list(prompt), 0, 0
         while i < len(answer):
             index.extend(context[len(index) :])
-            proposal, matched = index.propose(k)
+            proposal, matched = index.propose(k, ngram.strategy)
             proposal = proposal[: caps[matched - 1]] if 0 < matched <= len(caps) else proposal
             accepted = 0
             while accepted < len(proposal) and i + accepted < len(answer) and proposal[accepted] == answer[i + accepted]:
