@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from hf_specdec.cache.keyword import CACHE
 from hf_specdec.default_model import load_target
 
 PROMPT = "Write a short poem about the sea and explain it."
@@ -27,12 +28,12 @@ def measure(quantization: str, tokens: int) -> dict:
     n = ids.shape[1]
     seq = model.generate(ids, max_new_tokens=tokens + 8, do_sample=False)[0]
     one_by_one, cache = [], DynamicCache()
-    model(seq[None, :n], past_key_values=cache, use_cache=True)
+    model(seq[None, :n], **{CACHE: cache}, use_cache=True)
     for t in range(n, n + tokens):  # what plain greedy decoding computes
-        one_by_one.append(model(seq[None, t : t + 1], past_key_values=cache, use_cache=True).logits[0, -1])
+        one_by_one.append(model(seq[None, t : t + 1], **{CACHE: cache}, use_cache=True).logits[0, -1])
     cache = DynamicCache()
-    model(seq[None, :n], past_key_values=cache, use_cache=True)
-    at_once = model(seq[None, n : n + tokens], past_key_values=cache, use_cache=True).logits[0]  # a verification forward
+    model(seq[None, :n], **{CACHE: cache}, use_cache=True)
+    at_once = model(seq[None, n : n + tokens], **{CACHE: cache}, use_cache=True).logits[0]  # a verification forward
     one_by_one = torch.stack(one_by_one)
     top2 = one_by_one.topk(2, dim=-1).values
     return {"quantization": quantization, "tokens": tokens, "max_abs_logit_difference": float((one_by_one - at_once).abs().max()),

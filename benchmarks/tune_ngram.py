@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cache.keyword import CACHE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
     model, _ = load_default_target()
     ids = torch.randint(100, 40000, (1, context + max_tokens))
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    model(input_ids=ids[:, :context], **{CACHE: cache}, use_cache=True)
     table = {}
     for m in range(1, max_tokens + 1):
         times = []
@@ -66,7 +68,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
             t0 = time.perf_counter()
             with fast_linear(model):
                 model(
-                    input_ids=ids[:, context : context + m], cache=cache, use_cache=True, logits_to_keep=m,
+                    input_ids=ids[:, context : context + m], **{CACHE: cache}, use_cache=True, logits_to_keep=m,
                     position_ids=torch.arange(context, context + m)[None],
                 )
             times.append(time.perf_counter() - t0)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import MistralConfig, MistralForCausalLM, T5Config, T5ForConditionalGeneration
 
 import hf_specdec
 from hf_specdec import MedusaConfig, MedusaHeads, speculative_generate
+from hf_specdec.cache.keyword import CACHE
 from hf_specdec.diagnostics import count_forwards
 from hf_specdec.drafters import MedusaDrafter, RecycleDrafter
 from tests.conftest import perturbed_copy, random_prompts, tiny_llama
@@ -164,3 +165,18 @@ def test_compile_drafter_without_a_draft_model_is_refused(pair):
         count_forwards(target, lambda: spec(target, "ngram", compile_drafter=True))
     assert count_forwards(target, lambda: pytest.raises(ValueError, spec, target, "ngram", compile_drafter=True)) == 0
     still_works(target, "ngram")
+
+
+@pytest.mark.skipif(CACHE == "cache", reason="transformers >= 5.24 rolls these caches back (tests/test_sliding_window.py, "
+                    "tests/test_generation_features.py)")
+def test_before_transformers_5_24_sliding_windows_and_static_caches_are_refused_naming_the_upgrade(pair):
+    target, drafter = pair
+    with pytest.raises(ValueError, match="a static cache rolls back from transformers 5.24"):
+        spec(target, drafter, cache_implementation="static")
+    torch.manual_seed(0)
+    sliding = MistralForCausalLM(MistralConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, sliding_window=8)).eval()
+    for assistant in ("ngram", perturbed_copy(sliding)):
+        with pytest.raises(ValueError, match="transformers>=5.24"):
+            spec(sliding, assistant)
+    still_works(target, drafter)

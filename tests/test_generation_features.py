@@ -8,6 +8,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCrite
 
 import hf_specdec
 from hf_specdec import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
+from hf_specdec.cache.keyword import CACHE
 from tests.conftest import perturbed_copy, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.speculation import assert_speculated
 
@@ -90,6 +91,11 @@ def test_custom_stopping_criterion(pair, stats):
     assert_speculated(stats, depth=3)
 
 
+OLD_STATIC = pytest.mark.skipif(CACHE == "past_key_values", reason="a static cache rolls back from transformers 5.24 "
+                                "(before, it is refused: tests/test_bad_input.py)")
+
+
+@OLD_STATIC
 def test_static_cache_matches_plain(pair, stats):
     target, drafter = pair
     for prompt in PROMPTS[:6]:
@@ -100,7 +106,7 @@ def test_static_cache_matches_plain(pair, stats):
     assert_speculated(stats, depth=3)
 
 
-@pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
+@pytest.mark.parametrize("cache_implementation", ["dynamic", pytest.param("static", marks=OLD_STATIC)])
 def test_outputs_and_cache_usable_after_the_call(pair, stats, cache_implementation):
     """Later steps run in inference mode: what the call hands back must still be ordinary tensors (updatable in place),
     and its cache must carry on under a plain generate() exactly as plain decoding's own cache does."""

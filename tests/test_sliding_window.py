@@ -10,10 +10,14 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, Mistral
 
 import hf_specdec
 from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.cache.keyword import CACHE
 from hf_specdec.drafters import CrossTokenizerDrafter, MedusaDrafter, SelfSpeculativeDrafter
 from tests.conftest import bpe_tokenizer, char_tokenizer, perturbed_copy, random_prompts
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences
 from tests.speculation import assert_speculated, fitted_heads
+
+pytestmark = pytest.mark.skipif(CACHE == "past_key_values", reason="transformers < 5.24 refuses sliding-window "
+                                 "targets (tests/test_bad_input.py checks the refusal)")
 
 WINDOW = 8
 COMMON = dict(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -29,6 +29,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.cache.keyword import CACHE
 from hf_specdec.cli.bench import synchronize
 from hf_specdec.diagnostics import count_forwards, count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
@@ -78,13 +79,13 @@ def verification_costs(target, device, sizes, context: int, repeats: int) -> dic
     vocab = target.config.vocab_size
     prefix = torch.randint(2, vocab, (1, context), device=device)
     cache = DynamicCache(config=target.config)
-    target(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+    target(input_ids=prefix, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
     ms = {}
     for n in sizes:
         new = torch.randint(2, vocab, (1, n), device=device)
 
         def forward():
-            target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+            target(input_ids=new, **{CACHE: cache}, use_cache=True, logits_to_keep=n)
             cache.crop(-n)
 
         ms[n] = 1000 * timed(forward, device, repeats)

@@ -26,6 +26,7 @@ from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixi
 from ..cpu_matmul import verifying
 from ..errors import InputError
 from ..tree import Tree
+from .keyword import cache_keyword
 
 
 def has_sliding_window(config) -> bool:
@@ -184,12 +185,13 @@ class RaggedKV:
             kwargs["logits_to_keep"] = num_logits
         if mask is not None:
             kwargs["attention_mask"] = mask
+        kwargs[cache_keyword(call) or "cache"] = self.cache
         with verifying(self.fast):  # (the loop routes the target's layers for the call: cpu_matmul.routed)
             if self.capture is None:
-                out = call(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+                out = call(input_ids=ids, position_ids=positions, use_cache=True, **kwargs)
             else:
                 with self.capture.recording():
-                    out = call(input_ids=ids, position_ids=positions, cache=self.cache, use_cache=True, **kwargs)
+                    out = call(input_ids=ids, position_ids=positions, use_cache=True, **kwargs)
         self.last_output = out
         if self.check_roll_back:
             self.check_roll_back = False

@@ -24,6 +24,7 @@ import math
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..cache.keyword import cache_keyword
 from .base import Draft, SequenceDrafter
 
 
@@ -164,7 +165,8 @@ class CrossTokenizerDrafter(SequenceDrafter):
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
         start = self.cached_ids.shape[1]
         positions = torch.arange(start, start + new_ids.shape[1], device=new_ids.device)[None]
-        out = self.model(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=new_ids, position_ids=positions, **{cache_keyword(self.model): self.cache},
+                         use_cache=True, logits_to_keep=1)
         self.cached_ids = torch.cat([self.cached_ids, new_ids], dim=1)
         return out.logits[:, -1]
 

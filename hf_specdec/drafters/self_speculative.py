@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..cache.keyword import cache_keyword
 from ..cache.ragged import has_sliding_window, takes_4d_masks
 from ..cpu_matmul import verifying
 from .base import Drafter, Drafting
@@ -87,8 +88,8 @@ class EarlyExitModel(nn.Module):
                 past = cache.get_seq_length() if cache is not None else 0
                 attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
                                             device=input_ids.device)
-            out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                            use_cache=use_cache)
+            out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            **{cache_keyword(self.base): cache}, use_cache=use_cache)
         finally:
             modules[self.layers_attr] = all_layers
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
@@ -135,7 +136,7 @@ class SharedCacheEarlyExit(Drafter):
         base._modules[attr] = nn.ModuleList(layers)
         try:
             out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
-                       position_ids=positions, cache=self.shared.cache, use_cache=True)
+                       position_ids=positions, **{cache_keyword(base): self.shared.cache}, use_cache=True)
         finally:
             base._modules[attr] = all_layers
             hook.remove()

@@ -19,6 +19,7 @@ from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from ..assistants import claim
+from ..cache.keyword import CACHE
 from ..cache.ragged import RaggedKV
 from ..cpu_matmul import routed
 from ..draft_length import policy_for_call
@@ -193,7 +194,7 @@ def finish(run: Run, generation_config, cache, batch_size: int):
         sequences=sequences,
         scores=tuple(s.clone() for s in run.scores_out) if run.want_scores else None,  # (clones: ordinary tensors)
         logits=tuple(x.clone() for x in run.logits_out) if run.want_logits else None,
-        cache=cache,
+        **{CACHE: cache},
         speculation_stats=run.stats,
     )
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 from transformers import DynamicCache
 
+from ..cache.keyword import CACHE, cache_keyword
 from ..cache.ragged import can_roll_back, has_sliding_window, mixes_slots
 from ..drafters.base import Drafter
 from ..errors import InputError
 from ..verification import Accepted, greedy, rejection_sample, typical
 
 #: generate() inputs the loop handles itself
-MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
+MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep"}
 
 
 class AcceptRule:
@@ -108,7 +109,7 @@ def validate(model, input_ids, generation_config, model_kwargs: dict, synced_gpu
                                          or num_draft_tokens < 1):
         raise InputError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
     if input_ids.shape[0] > 1:
-        validate_batch(model, generation_config, model_kwargs.get("cache"))
+        validate_batch(model, generation_config, model_kwargs.get(CACHE))
     return accept_rule(options.verification, generation_config, options.typical_threshold, options.typical_alpha)
 
 
@@ -123,7 +124,11 @@ def check_architecture(model) -> None:
     if getattr(model, "_is_stateful", False) or recurrent_layers:
         raise InputError(f"{name} keeps a recurrent state (Mamba-, RWKV- or linear-attention-style layers), which cannot "
                          "be rolled back to before a rejected draft, as speculative decoding needs: use plain generate().")
-    if "cache" not in inspect.signature(model.forward).parameters:
+    if has_sliding_window(model.config) and CACHE == "past_key_values":
+        raise InputError(f"{name} attends over a sliding window, and before transformers 5.24 such cache layers do not "
+                         "roll back to before a rejected draft the way speculative decoding needs: upgrade transformers "
+                         "(pip install -U 'transformers>=5.24'), or use plain generate().")
+    if cache_keyword(model) is None:
         raise InputError(f"{name}'s forward takes no cache, so it cannot verify new tokens after the ones it has read: "
                          "use plain generate().")
     if getattr(text_config, "index_topk", None) is not None:
@@ -159,7 +164,8 @@ def _declared_cache_kinds(model) -> list:
     models that take a Cache all the same are harmless here: only dicts and uncroppable classes are refused)."""
     kinds = []
     for module in (model, getattr(model, "model", None)):
-        parameter = inspect.signature(module.forward).parameters.get("cache") if module is not None else None
+        keyword = cache_keyword(module) if module is not None else None
+        parameter = inspect.signature(module.forward).parameters.get(keyword) if keyword is not None else None
         annotation = getattr(parameter, "annotation", None)
         kinds += getattr(annotation, "__args__", (annotation,))
     return kinds
@@ -176,14 +182,15 @@ def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, r
             "must share the target's tokenizer. Use a drafter trained for this target (see training/distill.py), or "
             "assistant='ngram'."
         )
-    cache = model_kwargs.get("cache")
+    cache = model_kwargs.get(CACHE)
     if cache is None:
         cache = DynamicCache(config=model.config)
     if cache.get_seq_length() != 0:
         raise InputError("Speculative decoding starts from an empty cache; pass a fresh cache (or none).")
     if can_roll_back(cache) is False:
-        raise InputError("This target's cache cannot be rolled back (crop), which speculative decoding needs: use plain "
-                         "generate().")
+        upgrade = " (a static cache rolls back from transformers 5.24)" if CACHE == "past_key_values" else ""
+        raise InputError(f"This target's cache cannot be rolled back (crop), which speculative decoding needs{upgrade}: "
+                         "use a dynamic cache, or plain generate().")
     return Request(k, rule, cache)
 
 

@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from ..cache.keyword import CACHE
 from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowsFromTarget, TargetLink, TargetNotBoundError
 from .saving import DrafterSaving
 from .spec_drafter import drafter_config_from_target
@@ -220,8 +221,8 @@ class Eagle3DraftModel(DrafterSaving, BorrowsFromTarget, PreTrainedModel):
             position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
         if attention_mask is None or attention_mask.dim() == 2:
             attention_mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                                                cache=cache, position_ids=position_ids)
-        out = self.midlayer(embeds, hidden, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                                                **{CACHE: cache}, position_ids=position_ids)
+        out = self.midlayer(embeds, hidden, attention_mask=attention_mask, position_ids=position_ids, **{CACHE: cache},
                             position_embeddings=self.rotary_emb(hidden, position_ids=position_ids), **kwargs)
         kept = out
         if isinstance(logits_to_keep, int):
@@ -232,7 +233,7 @@ class Eagle3DraftModel(DrafterSaving, BorrowsFromTarget, PreTrainedModel):
         if full_vocab_logits:
             full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.draft_vocab, logits)
-        return CausalLMOutputWithPast(logits=logits, cache=cache, hidden_states=(out,))
+        return CausalLMOutputWithPast(logits=logits, **{CACHE: cache}, hidden_states=(out,))
 
     def _supports_logits_to_keep(self) -> bool:  # what the decoding loop asks of a causal LM
         return True

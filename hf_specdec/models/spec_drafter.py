@@ -31,6 +31,7 @@ from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils.deprecation import deprecate_kwarg
 
+from ..cache.keyword import CACHE
 from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
 from .saving import DrafterSaving
 
@@ -147,14 +148,14 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
         mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden, attention_mask=attention_mask, cache=cache,
+            config=self.config, inputs_embeds=hidden, attention_mask=attention_mask, **{CACHE: cache},
             position_ids=position_ids,
         )
         position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
         for layer in self.layers:
             hidden = layer(
                 hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
-                cache=cache, use_cache=use_cache, **kwargs,
+                **{CACHE: cache}, use_cache=use_cache, **kwargs,
             )
         return self.norm(hidden), cache
 
@@ -263,7 +264,7 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, BorrowsFromTarget, Gene
         if labels is not None:  # plain next-token cross-entropy, over the full vocabulary
             shift = logits[:, :-1].float()
             loss = nn.functional.cross_entropy(shift.reshape(-1, shift.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=(all_hidden,))
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache}, hidden_states=(all_hidden,))
 
 
 def drafter_config_from_target(target_config, num_hidden_layers: int = 2, intermediate_size: int | None = None,
