@@ -350,11 +350,13 @@ def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
 
 # --- eagle: a drafter that reads the target's hidden states -------------------------------------------------------------
 def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
+    """(The tiny target is random, so no drafter generalises to held-out prompts beyond chance: the held-out eval
+    only has to draft; acceptance is asserted on the answers it trained on, which it has learnt.)"""
     out = tmp_path / "eagle"
-    summary = run_in_process(cli(world, out, drafter="eagle", max_steps=40, eval_every=40, save_every=0, learning_rate=1e-2))
+    summary = run_in_process(cli(world, out, drafter="eagle", max_steps=150, eval_every=150, save_every=0,
+                                 learning_rate=3e-3))
     log = [r for r in read_log(out) if r["event"] == "train"]
-    assert log[-1]["loss"] < log[0]["loss"]
-    assert_evaluated_speculatively(summary["best"])
+    assert log[-1]["loss"] < log[0]["loss"] and summary["best"]["drafted_tokens"] > 0
     cache = Path(json.loads((out / "training_summary.json").read_text())["data"]["cache_folder"])
     assert (cache / "features-train-final.npy").exists() and (cache / "features-heldout-final.npy").exists()
     drafter = AutoModelForCausalLM.from_pretrained(out)
@@ -362,6 +364,17 @@ def test_eagle_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     assert isinstance(hf_specdec.as_drafter(drafter), hf_specdec.drafters.EagleDrafter)
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
     decode_like_plain(target, drafter, 4)
+    train = teacher_data.TeacherData.load(cache / "train.safetensors")
+    stats = hf_specdec.SpeculationStats()
+    for i in range(8):
+        record = train.record(i, features=False)
+        prompt = record["tokens"][None, : record["start"]].long()
+        plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant=drafter, num_draft_tokens=4,
+                               custom_generate=hf_specdec.speculative_generate, speculation_stats=stats,
+                               draft_length="constant")
+        assert torch.equal(plain, spec)
+    assert stats.accepted_tokens > 5, stats
 
 
 def test_eagle_passes_feed_back_their_own_hidden_states(world):
@@ -843,3 +856,72 @@ def test_a_killed_preparation_continues_from_its_last_complete_part(world, tmp_p
     a = teacher_data.TeacherData.load(Path(whole["data"]["cache_folder"]) / "train.safetensors")
     b = teacher_data.TeacherData.load(Path(resumed["data"]["cache_folder"]) / "train.safetensors")
     assert a.t.keys() == b.t.keys() and all(torch.equal(a.t[k], b.t[k]) for k in a.t)
+
+
+# --- what the GPU run needs (benchmarks/gpu/train_shipped.py) ---------------------------------------------------------
+def test_self_generation_records_the_top_k_greedy_decoding_saw_without_holding_every_steps_logits(world):
+    """The recorder's top-K per answer token equals the top-K of the logits `output_logits` returns, and the answers
+    are greedy generate()'s."""
+    args, _ = arguments.parse_args(cli(world, Path("unused"), top_k=5, max_new_tokens=10, gen_batch_size=3))
+    target, tokenizer = deployed.load_target(args, torch.device("cpu"))
+    prompts = [tokenizer(f"<|user|> w{i} w{i + 3} w7 <|end|> <|assistant|>")["input_ids"][: 3 + i] for i in range(4)]
+    records, _ = prepare.self_generate(target, tokenizer, prompts, args, teacher_data.Source.SELF_GENERATED, False)
+    for prompt, record in zip(prompts, records):
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+        answer = record["tokens"][len(prompt):]
+        assert torch.equal(answer.long(), out.sequences[0, len(prompt): len(prompt) + len(answer)])
+        for step, logits in enumerate(out.logits[: len(answer)]):
+            ids, lps = deployed.topk_logprobs(logits, 5)
+            assert torch.equal(record["ids"][step], ids[0])
+            assert torch.allclose(record["lps"][step].float(), lps[0].float(), atol=1e-3)
+
+
+def test_a_larger_set_of_answers_reuses_the_parts_and_held_out_answers_a_smaller_one_made(world, tmp_path):
+    """--num-generate 24 after 8 (generation only, parts of 8): only the new prompts are answered, the held-out prompts
+    once, and the set equals a fresh 24-prompt preparation."""
+    common = dict(prepare_only=True, teacher_data="generate", num_score=0, prepare_part_size=8, heldout_prompts=3)
+    run_in_process(cli(world, tmp_path / "a", data_cache_dir=tmp_path / "grown", num_generate=8, **common))
+    answered, original = [], prepare.self_generate
+    with mock.patch.object(prepare, "self_generate", side_effect=lambda t, tok, prompts, *a: answered.append(len(prompts)) or original(t, tok, prompts, *a)):
+        grown = run_in_process(cli(world, tmp_path / "b", data_cache_dir=tmp_path / "grown", num_generate=24, **common))
+    assert answered == [8, 8]  # parts 1 and 2; part 0 and the held-out part came from the smaller set
+    fresh = run_in_process(cli(world, tmp_path / "c", data_cache_dir=tmp_path / "fresh", num_generate=24, **common))
+    for name in ("train", "heldout"):
+        a = teacher_data.TeacherData.load(Path(grown["data"]["cache_folder"]) / f"{name}.safetensors")
+        b = teacher_data.TeacherData.load(Path(fresh["data"]["cache_folder"]) / f"{name}.safetensors")
+        assert all(torch.equal(a.t[k], b.t[k]) for k in a.t)
+
+
+def test_online_features_are_the_stored_states_computed_per_batch(world, tmp_path):
+    """--online-features: no states file for the training set, each batch's states computed by the target (equal to the
+    stored ones up to their fp16 rounding), and an EAGLE-3 drafter trained on them decodes exactly."""
+    common = dict(drafter="eagle3", target_layers="1,2,2", max_steps=4, eval_every=4, save_every=0, teacher_data="score",
+                  num_generate=0, num_score=24, data_cache_dir=tmp_path / "cache")
+    computed, original = [], distill.target_states
+    with mock.patch.object(distill, "target_states", side_effect=lambda *a: computed.append(1) or original(*a)):
+        summary = run_in_process(cli(world, tmp_path / "online", online_features=True, **common))
+    folder = Path(summary["data"]["cache_folder"])
+    assert len(computed) == 4 and not list(folder.glob("features-train-*")) and list(folder.glob("features-heldout-*"))
+    assert_evaluated_speculatively(summary["best"])
+    data = teacher_data.TeacherData.load(folder / "train.safetensors")
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    modules = entering_layers(target, [1, 2, 2])
+    states.attach_target_features(target, data, tmp_path / "stored.npy", modules, False)
+    batch = teacher_data.collate([data.record(i) for i in range(4)], 0)
+    online = states.target_states(target, batch["input_ids"], modules)
+    np.testing.assert_allclose(online[batch["input_ids"] != 0].numpy(), batch["features"][batch["input_ids"] != 0].numpy(),
+                               atol=2e-3, rtol=2e-3)
+    drafter = hf_specdec.AutoDrafter.from_pretrained(tmp_path / "online", target=target)
+    decode_like_plain(target, drafter, 3)
+
+
+def test_a_resumed_run_with_more_steps_follows_the_new_horizon(world, tmp_path):
+    """--max-steps is a resumable change: after a short first call, a resume with a longer horizon continues the cosine
+    over the new horizon (the GPU run's calibration then its real run), not the saved one's floor."""
+    out = tmp_path / "run"
+    run_in_process(cli(world, out, max_steps=4, warmup_steps=2, eval_every=0, save_every=4, min_lr_ratio=0.1))
+    run_in_process(cli(world, out, max_steps=40, warmup_steps=2, eval_every=0, save_every=0, min_lr_ratio=0.1) + ["--resume"])
+    lr = {r["step"]: r["lr"] for r in read_log(out) if r["event"] == "train"}
+    schedule = distill.WarmupCosine(arguments.parse_args(cli(world, out, max_steps=40, warmup_steps=2, min_lr_ratio=0.1))[0])
+    assert lr[5] == pytest.approx(1e-3 * schedule(5)) and lr[5] > 0.9e-3  # early in the new cosine, not at its floor

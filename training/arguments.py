@@ -52,6 +52,7 @@ class Args:
     extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
     prepare_part_size: int = field(default=256, metadata={"help": "prompts (or texts) per saved part of the teacher data: a killed preparation continues from its last complete part"})
     max_train_tokens: int = field(default=0, metadata={"help": "train on a seeded subset of the prepared data holding at most this many target tokens (nested: a smaller budget takes part of a larger one's), for a data curve on one prepared set; 0: all"})
+    online_features: bool = field(default=False, metadata={"help": "feature kinds (eagle, eagle3, block, medusa): compute the target states each training batch reads with a target forward on the device, instead of storing them for the whole set (for GPUs: no states file of several GB, a cheap forward a step; the held-out set's states are still stored)"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
     loss: Literal[LOSSES] = field(default="fkl", metadata={"help": "fkl, rkl, tvd, jsd: divergences to the target's top-K distribution; lk-alpha: -log(acceptance); lk-hybrid: KL blended into TV as acceptance grows (the LK losses); ce: cross-entropy on the target's token"})

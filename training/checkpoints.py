@@ -102,7 +102,9 @@ def load_checkpoint(accelerator, model, optimizer, state: TrainState, folder: Pa
     from safetensors.torch import load_file
 
     accelerator.unwrap_model(model, keep_torch_compile=False).load_state_dict(load_file(str(folder / "model.safetensors")))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=accelerator.device))
+    # (on the host: the optimizer moves its moments to the parameters' device itself, and keeps AdamW's step counts
+    # on the host, where its update reads them without a device sync)
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
     state.load(folder)
     rank = accelerator.process_index
     if (folder / f"rng-{rank}.safetensors").is_file():
@@ -155,7 +157,9 @@ def resume(accelerator, model, optimizer, scheduler, state: TrainState, output_d
         log.write({"event": "resume", "note": "no checkpoint found; starting from scratch"})
         return None
     load_checkpoint(accelerator, model, optimizer, state, found)
-    scheduler.load_state_dict(state.scheduler)
+    # the position in the schedule, not its shape: the schedule object keeps this run's --max-steps (a resumable
+    # change), where LambdaLR would restore the saved one's
+    scheduler.load_state_dict({**state.scheduler, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     saved_best = best_folder(output_dir)
     measured = json.loads((saved_best / "config.json").read_text()).get("measured") if saved_best else None
     if measured and (state.best is None or measured["mean_accepted_tokens"] > state.best["mean_accepted_tokens"]):

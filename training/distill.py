@@ -75,6 +75,7 @@ from .launch import relaunch_for_cpu_processes  # noqa: E402
 from .on_policy import on_policy_records  # noqa: E402
 from .prepare import load_teacher_data  # noqa: E402
 from .sources import check_data  # noqa: E402
+from .states import target_states  # noqa: E402
 from .target import eos_ids, load_target, load_teacher, target_folder, target_id  # noqa: E402
 
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # it warns on every 8-bit CPU matmul
@@ -127,8 +128,9 @@ def evaluate_and_keep_best(accelerator, adapter, model, target, tokenizer, heldo
                            log: RunLog, info: dict) -> dict:
     """Acceptance through the real decoding loop; a drafter better than the best so far replaces it on disk (with its
     measurements, how it was trained, and what its kind measures on held-out data)."""
+    started = time.perf_counter()
     metrics = evaluate(accelerator, adapter, model, target, tokenizer, heldout, args)
-    log.write({"event": "eval", "step": state.step, **metrics})
+    log.write({"event": "eval", "step": state.step, **metrics, "eval_seconds": time.perf_counter() - started})
     if state.best is None or metrics["mean_accepted_tokens"] > state.best["mean_accepted_tokens"]:
         state.best, state.best_step = metrics, state.step
         if accelerator.is_main_process:
@@ -226,6 +228,7 @@ def main(argv=None) -> dict:
     command = training_command(accelerator, argv)
     evaluation = (accelerator, adapter, model, target, tokenizer, heldout, args, state, log)
 
+    online = adapter.feature_modules(target, continue_from)[0] if args.online_features and adapter.reads_target_features else None
     lengths, batches, batches_epoch = train.lengths(), None, -1
     model.train()
     bar = tqdm(total=args.max_steps, initial=state.step, desc="distill", disable=not accelerator.is_main_process, unit="step")
@@ -238,6 +241,8 @@ def main(argv=None) -> dict:
         if on_policy:
             records = on_policy_records(model, target, records, args, tokenizer)
         batch = {k: v.to(accelerator.device) for k, v in collate(records, tokenizer.pad_token_id).items()}
+        if online is not None:
+            batch["features"] = target_states(target, batch["input_ids"], online)
         adapter.step = state.step
         step = train_step(accelerator, adapter, model, batch, cols, args, optimizer, scheduler, trainable)
         state.advance(step["loss"], len(batches), scheduler.state_dict())
@@ -248,7 +253,8 @@ def main(argv=None) -> dict:
             elapsed = time.perf_counter() - t0
             log.write({"event": "train", "step": state.step, "epoch": state.epoch, "loss": state.last_loss, "top1": step["top1"],
                        "lr": scheduler.get_last_lr()[0], "on_policy": on_policy, "grad_norm": step["grad_norm"],
-                       "target_tokens_per_second": tokens_done / elapsed, "seconds_per_step": elapsed / steps_run})
+                       "target_tokens_per_second": tokens_done / elapsed, "seconds_per_step": elapsed / steps_run,
+                       "steps_run": steps_run})
         if args.eval_every > 0 and state.step % args.eval_every == 0:
             last_metrics = evaluate_and_keep_best(*evaluation, training_info(args, train, world, state.step, coverage, command))
         out_of_time = args.time_budget > 0 and time.perf_counter() - t0 > 3600 * args.time_budget

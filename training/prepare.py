@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_specdec.default_model import cache_dir
 from hf_specdec.errors import InputError
@@ -32,12 +33,29 @@ from .target import (cut_after_eos, eos_ids, greedy_generation_config, target_fo
                      topk_logprobs)
 
 
+class TopKRecorder(LogitsProcessor):
+    """Keeps each decoding step's top-K ids and log-probs, taken where the logits are: K numbers per row and step, not
+    the vocabulary-wide logits of every step that `output_logits` holds until the call ends (in a GPU batch of a
+    thousand rows, 200 MB a step). Greedy decoding has no other processor, so it sees the raw logits."""
+
+    def __init__(self, k: int):
+        self.k, self.steps = k, []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        values, ids = scores.float().log_softmax(-1).topk(self.k, dim=-1)
+        self.steps.append((ids.to(torch.int32), values.to(torch.float16)))
+        return scores
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, steps, K] ids and log-probs, on the host."""
+        return torch.stack([i for i, _ in self.steps], 1).cpu(), torch.stack([v for _, v in self.steps], 1).cpu()
+
+
 @torch.no_grad()
 def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, source: Source, show: bool) -> tuple[list[dict], dict]:
     """The target answers each prompt greedily (batched, left padding); per new token its top-K log-probs."""
     pad, eos = tokenizer.pad_token_id, eos_ids(target, tokenizer)
     config = greedy_generation_config(target, args.max_new_tokens, pad)
-    config.output_logits = config.return_dict_in_generate = True
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     records, new_tokens, t0 = [None] * len(prompts), 0, time.perf_counter()
     bar = tqdm(total=len(prompts), desc="self-generation", disable=not show, unit="prompt")
@@ -49,12 +67,11 @@ def self_generate(target, tokenizer, prompts: list[list[int]], args: Args, sourc
         for row, i in enumerate(batch):
             ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
             mask[row, width - len(prompts[i]) :] = 1
-        out = target.generate(
-            input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=config
-        )
-        new = out.sequences[:, width:].cpu()
-        steps = [topk_logprobs(step_logits, args.top_k) for step_logits in out.logits]  # [B, K] per step
-        top_ids, top_lps = torch.stack([s[0] for s in steps], 1), torch.stack([s[1] for s in steps], 1)
+        recorder = TopKRecorder(args.top_k)
+        out = target.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                              generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+        new = out[:, width:].cpu()
+        top_ids, top_lps = recorder.result()
         for row, i in enumerate(batch):
             n = cut_after_eos(new[row].tolist(), 0, eos)
             records[i] = make_record(prompts[i] + new[row, :n].tolist(), len(prompts[i]), top_ids[row, :n], top_lps[row, :n], source)
@@ -115,8 +132,10 @@ def file_fingerprint(path: Path) -> str:
 def data_cache_key(args: Args, parts: bool = False) -> str:
     """Everything the teacher data depends on: target (+ its files), quantization, data source and options. With
     `parts`, the key of the folder of its parts, which omits --num-score: the texts to score are a prefix-stable list,
-    so a larger set reuses the parts a smaller one made (a data curve grows across sittings)."""
+    so a larger set reuses the parts a smaller one made (a data curve grows across sittings). The prompts to answer
+    are prefix-stable too, so without scoring (whose texts skip the answered prompts) it omits --num-generate."""
     source = sharegpt_path() if args.data == "sharegpt" else Path(args.data)
+    grows = ("num_score",) if args.teacher_data != "generate" else ("num_score", "num_generate")
     exclusions = exclusion_file(args.exclude_ids)
     key = {
         "version": DATA_FORMAT_VERSION, "target": target_id(args), "target_files": file_fingerprint(Path(target_folder(args))),
@@ -124,7 +143,7 @@ def data_cache_key(args: Args, parts: bool = False) -> str:
         "data": args.data, "data_files": file_fingerprint(source),
         "split": args.data_split, "exclusions": file_fingerprint(exclusions) if exclusions else None,
         **{k: getattr(args, k) for k in ("teacher_data", "num_generate", "num_score", "heldout_prompts", "max_prompt_tokens",
-                                         "max_new_tokens", "max_seq_len", "top_k", "seed") if not (parts and k == "num_score")},
+                                         "max_new_tokens", "max_seq_len", "top_k", "seed") if not (parts and k in grows)},
     }
     name = Path(target_id(args)).name.replace("/", "_")
     return f"{name}-{args.target_quantization}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
@@ -212,7 +231,9 @@ def prepare_data(args: Args, accelerator, target, tokenizer, features: tuple[lis
             lambda part, path: score_sequences(target, part, args.top_k, tokenizer.pad_token_id, args.score_batch_size,
                                                Source.SCORED, show, features=(states.modules, path) if states else None),
             states)
-        held_records, _ = self_generate(target, tokenizer, mine([p for _, p, _ in heldout]), args, Source.SELF_GENERATED, show)
+        held_records, _, _ = in_parts(  # (in a part too: a larger set made later answers them once)
+            parts / f"held-{rank}", mine([p for _, p, _ in heldout]), args.prepare_part_size,
+            lambda part, _: self_generate(target, tokenizer, part, args, Source.SELF_GENERATED, show))
         shard = folder / f"shard-{rank}.pt"
         torch.save({"gen": gen_records, "score": score_records, "held": held_records, "gen_stats": gen_stats,
                     "score_stats": score_stats, "heldout_ids": [ex["id"] for ex, _, _ in heldout],
@@ -264,14 +285,14 @@ def load_teacher_data(args: Args, accelerator, adapter, teacher, tokenizer, cont
     """The training and held-out sets the run reads: prepared (or found), with the `--extra-data` folders added, the
     states the drafter kind reads attached, and cut to `--max-train-tokens`."""
     features = adapter.feature_modules(teacher, continue_from) if adapter.reads_target_features else None
-    train, heldout = prepare_data(args, accelerator, teacher, tokenizer, features)
+    train, heldout = prepare_data(args, accelerator, teacher, tokenizer, None if args.online_features else features)
     folders = [f for f in args.extra_data.split(",") if f]
     extra = [TeacherData.load(Path(f) / "train.safetensors") for f in folders]
     for part, folder in zip(extra, folders):
         part.meta = {**json.loads((Path(folder) / "meta.json").read_text()), "cache_folder": folder}
     if adapter.reads_target_features:  # the target's hidden states, cached beside each teacher-data folder
         with accelerator.main_process_first():
-            for part in [train, heldout] + extra:
+            for part in [heldout] if args.online_features else [train, heldout] + extra:
                 name = "heldout" if part is heldout else "train"
                 attach_target_features(teacher, part, Path(part.meta["cache_folder"]) / f"features-{name}-{features[1]}.npy",
                                        features[0], accelerator.is_main_process)

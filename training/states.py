@@ -42,6 +42,16 @@ class StatesFile:
 
 
 @torch.no_grad()
+def target_states(target, input_ids: torch.Tensor, modules) -> torch.Tensor:
+    """The outputs of the target `modules` at every position of a right-padded batch, [B, L, H * n] (--online-features:
+    what `attach_target_features` stores, computed where the batch is instead)."""
+    capture = HiddenCapture(modules)
+    with capture.recording():
+        target(input_ids=input_ids, use_cache=False, logits_to_keep=1)  # right padding: no mask needed
+    return capture.hidden.float()
+
+
+@torch.no_grad()
 def attach_target_features(target, data: TeacherData, path: Path, modules, show: bool, tokens_per_batch: int = 4096,
                            flush_every: int = 32) -> None:
     """The outputs of the target `modules` (the hidden states a feature drafter reads: the final norm's, or the layers
