@@ -28,6 +28,10 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 VOCAB = 96
 
+#: where the device-aware tests (tests/test_sampling_exact.py) put their models: the CPU, or a GPU when a run sets
+#: HF_SPECDEC_TEST_DEVICE=cuda (benchmarks/gpu/figures.sh runs the distribution tests there)
+DEVICE = torch.device(os.environ.get("HF_SPECDEC_TEST_DEVICE", "cpu"))
+
 
 def tiny_llama(vocab=VOCAB, seed=0, layers=2, **overrides):
     torch.manual_seed(seed)

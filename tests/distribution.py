@@ -27,7 +27,7 @@ def exact_joint_distribution(model, prompt, processors, num_tokens):
     for _ in range(num_tokens):
         nxt = {}
         for prefix, prob in dist.items():
-            ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long).view(1, -1)], dim=1)
+            ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long, device=prompt.device).view(1, -1)], dim=1)
             logits = model(input_ids=ids).logits[:, -1].float()
             p = torch.softmax(processors(ids, logits.clone()), dim=-1)[0]
             for token in torch.nonzero(p > 0).flatten().tolist():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate, verification
-from tests.conftest import tiny_llama
+from tests.conftest import DEVICE, tiny_llama
 from tests.distribution import (
     captured_processors,
     chi_square_pvalue,
@@ -23,7 +23,7 @@ from tests.speculation import ScriptedCosts, assert_adapted, assert_speculated, 
 VOCAB = 12
 NUM_TOKENS = 4
 NUM_SAMPLES = 20_000
-PROMPT = torch.tensor([[1, 5, 7, 2]])
+PROMPT = torch.tensor([[1, 5, 7, 2]], device=DEVICE)
 
 CONFIGS = {
     "temperature_top_k": dict(temperature=0.7, top_k=5),
@@ -44,13 +44,13 @@ class FixedDistributionDrafter(SequenceDrafter):
 
 
 def far_q(seed=3):
-    return torch.softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 2, -1)
+    return torch.softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 2, -1).to(DEVICE)
 
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_llama(vocab=VOCAB, seed=0)
-    drafter = tiny_llama(vocab=VOCAB, seed=7)  # an unrelated model: q is far from p
+    target = tiny_llama(vocab=VOCAB, seed=0).to(DEVICE)
+    drafter = tiny_llama(vocab=VOCAB, seed=7).to(DEVICE)  # an unrelated model: q is far from p
     return target, drafter
 
 

@@ -180,6 +180,7 @@ def bench_command(args) -> int:
         do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, target_name=args.target or "default",
         batch_size=args.batch_size, adaptive=args.adaptive, compile_drafter=args.compile_drafter,
+        static_plain=args.static_plain,
     )
     report["settings"]["prompts"] = args.prompts
     report["settings"]["command"] = "hf-specdec " + " ".join(sys.argv[1:])
@@ -265,6 +266,9 @@ def main(argv=None) -> int:
                    help="also run hf_specdec with draft_length='adaptive' (capped at the largest --num-draft-tokens)")
     p.add_argument("--compile-drafter", action="store_true",
                    help="also run each draft-model row with compile_drafter=True (its warm-up compiles)")
+    p.add_argument("--static-plain", action="store_true",
+                   help="also time plain generate() with a static cache (which transformers compiles on a GPU: what a "
+                        "GPU user who wants speed runs without speculation)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--threads", type=_positive, default=None)

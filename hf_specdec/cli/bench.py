@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import StaticCache
 
+from ..cache.keyword import CACHE, cache_keyword
 from ..drafters import DraftModelDrafter, NgramDrafter, PlainDrafter
 from ..generation.loop import speculative_generate
 from ..generation.stats import SpeculationStats
@@ -85,6 +87,14 @@ def builtin_kwargs(drafter, k: int) -> dict | None:
     return None
 
 
+def call(kwargs: dict, *leave_out: str) -> dict:
+    """A method's generate() keywords for one call: a fresh cache where it names a `new_cache` factory."""
+    out = {k: v for k, v in kwargs.items() if k not in ("new_cache", *leave_out)}
+    if "new_cache" in kwargs:
+        out[CACHE] = kwargs["new_cache"]()
+    return out
+
+
 def synchronize(device) -> None:
     """Wait for the device's queued work, so that host clocks time work, not kernel launches (no-op on a CPU)."""
     if torch.device(device).type == "cuda":
@@ -104,12 +114,12 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
     for n in (1, k + 1):
         def run():
             cache = DynamicCache(config=target.config)
-            target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            target(input_ids=ids, **{cache_keyword(target): cache}, use_cache=True, logits_to_keep=1)
             new = torch.randint(0, vocab, (1, n), device=target.device)
             synchronize(target.device)
             t0 = time.perf_counter()
             with fast_linear(target, target.device.type == "cpu"):
-                target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+                target(input_ids=new, **{cache_keyword(target): cache}, use_cache=True, logits_to_keep=n)
             synchronize(target.device)
             return time.perf_counter() - t0
 
@@ -168,23 +178,29 @@ def run_bench(
     batch_size: int = 1,
     adaptive: bool = False,
     compile_drafter: bool = False,
+    static_plain: bool = False,
 ) -> dict:
     """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`);
-    `compile_drafter`: each row of a drafter with a draft model gets a twin with its forward compiled."""
+    `compile_drafter`: each row of a drafter with a draft model gets a twin with its forward compiled; `static_plain`:
+    a row of plain decoding in a static cache of one size for every prompt (transformers compiles its decoding step
+    once, on a GPU)."""
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
-    # transformers' own equivalent of the first drafter that has one (its assisted decoding is batch size 1 only)
+    # transformers' own equivalents, one of each kind (prompt lookup, an assistant model; batch size 1 only)
     equivalents = [builtin_kwargs(d, cap) for _, d in drafters] if batch_size == 1 and len(lengths) == 1 else []
-    builtin = next((kwargs for kwargs in equivalents if kwargs is not None), None)
+    builtins = list({next(iter(kwargs)): kwargs for kwargs in equivalents if kwargs is not None}.values())
     forwards = [0]
     hook = target.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     sampling = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}))
 
     def method_runs():
         runs = [("plain", {})]
-        if builtin is not None:
-            runs.append(("transformers " + next(iter(builtin)), builtin))
+        if static_plain:
+            size = max_prompt_tokens + max_new_tokens  # (one size: one compiled decoding step)
+            fresh = lambda: StaticCache(config=target.config, max_cache_len=size)  # noqa: E731
+            runs.append(("plain, static cache", {"new_cache": fresh}))
+        runs += [("transformers " + next(iter(builtin)), builtin) for builtin in builtins]
         stats = {}
         # plain steps through hf_specdec's own loop and forward path: what the loop costs or saves apart from drafting
         for drafter_name, drafter in [("none", PlainDrafter()), *drafters]:
@@ -216,7 +232,7 @@ def run_bench(
         # Warm-up so that the first measured prompt pays no one-time costs.
         warm = encode_prompt(tokenizer, "Hello!", target.device)
         for _, kwargs in runs:
-            target.generate(**warm, max_new_tokens=4, **sampling, **{k: v for k, v in kwargs.items() if k != "speculation_stats"})
+            target.generate(**warm, max_new_tokens=4, **sampling, **call(kwargs, "speculation_stats"))
         groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         for i, group in enumerate(tqdm(groups, desc=f"bench (batches of {batch_size})")):
             enc = encode_batch(tokenizer, group, target.device, max_prompt_tokens)
@@ -229,7 +245,8 @@ def run_bench(
                 forwards[0] = 0
                 synchronize(target.device)
                 t0 = time.perf_counter()
-                out = target.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling, **kwargs)
+                out = target.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling,
+                                      **call(kwargs))
                 synchronize(target.device)
                 elapsed = time.perf_counter() - t0
                 result = results[name]
