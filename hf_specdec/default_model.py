@@ -49,13 +49,17 @@ def default_target_folder() -> Path:
 
 def default_target_files() -> Path:
     """The safetensors folder of the embedded SmolLM2-135M-Instruct, written from the GGUF on first use."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder = default_target_folder()
     if (folder / "model.safetensors").exists() and (folder / "tokenizer_config.json").exists():
         return folder
-    gguf = default_gguf_path()
+    return convert_gguf(default_gguf_path(), folder)
+
+
+def convert_gguf(gguf: Path, folder: Path) -> Path:
+    """The GGUF's weights dequantized by transformers, in fp32, and its tokenizer, as a safetensors folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:

@@ -25,3 +25,24 @@ def test_gpu_benchmark_runs_at_tiny_shapes(tmp_path, capsys, one_thread):
     ngram = row["throughput"]["ngram_repetitive_prompt"]
     assert ngram["identical_to_plain"] and ngram["tokens_per_target_forward"] > 1.5
     assert "| tiny |" in capsys.readouterr().out
+
+
+def test_the_gpu_figures_script_runs_at_tiny_sizes(tmp_path):
+    """benchmarks/gpu/figures.sh's second command (the dev prompts against plain, a static cache and transformers' own
+    methods; the trainer checkpointed and resumed) at tiny sizes on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(["bash", "benchmarks/gpu/figures.sh", "tiny"], cwd=SCRIPT.parents[2], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "text-float32.json").read_text())
+    rows = {m["name"]: m for m in report["methods"]}
+    assert {"plain, static cache", "transformers prompt_lookup_num_tokens", "transformers assistant_model"} <= set(rows)
+    assert all(row["identical_to_plain"] for row in rows.values()), rows
+    log = [json.loads(line) for line in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    resumed = [e for e in log if e["event"] == "resume" and "checkpoint" in e]
+    assert resumed and resumed[0]["step"] == 4 and [e for e in log if e["event"] == "done"][-1]["final_step"] == 6
