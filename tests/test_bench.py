@@ -94,11 +94,12 @@ def test_bench_compares_several_drafters_in_one_run(folders):
                  str(prompts), "--num-prompts", "2", "--max-new-tokens", "10", "--num-draft-tokens", "2",
                  "--json", str(out_json)]) == 0
     report = json.loads(out_json.read_text())
+    # transformers' own equivalent of each kind: prompt lookup for n-gram lookup, assisted decoding for the draft model
     assert [m["name"] for m in report["methods"]] == ["plain", "transformers prompt_lookup_num_tokens",
-                                                      "hf_specdec, no drafts", "hf_specdec ngram",
-                                                      f"hf_specdec {root / 'drafter'}"]
+                                                      "transformers assistant_model", "hf_specdec, no drafts",
+                                                      "hf_specdec ngram", f"hf_specdec {root / 'drafter'}"]
     assert all(m["identical_to_plain"] for m in report["methods"])
-    assert report["methods"][4]["mean_accepted_tokens"] > 1.0
+    assert report["methods"][5]["mean_accepted_tokens"] > 1.0
 
 
 def test_paired_comparison_picks_the_fastest_constant_and_brackets_the_ratio():
