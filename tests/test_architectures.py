@@ -26,6 +26,7 @@ REFUSED = {"mamba": "recurrent state", "rwkv": ("recurrent state", "takes no cac
 
 #: refused on transformers < 5.24 (models took `past_key_values`): sliding-window and chunked layers did not roll back
 NEEDS_5_24 = {"gemma2", "gemma3", "llama4_text"}
+OLD_SLIDING = "attends over a sliding window"
 
 
 @pytest.mark.parametrize("model_type", IDENTICAL)
@@ -33,7 +34,7 @@ def test_identical_to_plain_greedy(model_type):
     row = run_type(model_type, fast_variants=(True,))
     if CACHE == "past_key_values" and model_type in NEEDS_5_24:
         ours = {name: cell for name, cell in row["cells"].items() if not name.startswith("transformers")}
-        assert all(c["status"] == "refused" and "transformers>=5.24" in c["reason"] for c in ours.values()), ours
+        assert all(c["status"] == "refused" and OLD_SLIDING in c["reason"] for c in ours.values()), ours
         return
     bad = {name: cell for name, cell in row.get("cells", {}).items()
            if cell["status"] not in ("ok", "refused") and not name.startswith("transformers")}
@@ -48,4 +49,6 @@ def test_refused_before_any_forward_with_the_reason(model_type, reason):
     row = run_type(model_type, fast_variants=(True,))
     ours = {name: cell for name, cell in row["cells"].items() if not name.startswith("transformers")}
     reasons = (reason,) if isinstance(reason, str) else reason
+    if CACHE == "past_key_values":  # (before 5.24 a sliding window is refused first, as Moshi's is)
+        reasons += (OLD_SLIDING,)
     assert all(cell["status"] == "refused" and any(r in cell["reason"] for r in reasons) for cell in ours.values()), ours

@@ -69,14 +69,14 @@ def test_the_weights_digest_tells_equal_weights_from_others():
 def run_tiny(work: Path, out: Path, minutes: float, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "benchmarks/gpu/train_shipped.py", "--tiny", "--device", "cpu",
-                           "--minutes", str(minutes), "--work", str(work), "--out", str(out), "--tokens", "500", *extra],
+                           "--minutes", str(minutes), "--work", str(work), "--out", str(out), "--tokens", "250", *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("shipped")
-    result = run_tiny(work, work / "out", 1.5)
+    result = run_tiny(work, work / "out", 2.5)  # (room for both kinds on a loaded CI machine)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"work": work, "summary": json.loads((work / "out" / "summary.json").read_text())}
 
@@ -84,7 +84,7 @@ def tiny_run(tmp_path_factory):
 def test_the_command_makes_answers_trains_each_kind_and_measures_the_dev_prompts(tiny_run):
     stages = tiny_run["summary"]["stages"]
     answers = stages["answers"]
-    assert answers["target_tokens"] >= 500 and len(answers["curve"]) >= 2  # grown part by part to --tokens
+    assert answers["target_tokens"] >= 250 and len(answers["curve"]) >= 2  # grown part by part to --tokens
     for kind in ("new", "eagle3"):
         trained = stages["training"]["kinds"][kind]
         assert trained["steps"] > 3 and trained["eval_curve"] and trained["loss_curve"], trained

@@ -73,7 +73,7 @@ SIZES = {
     "cpu": Sizes(gen_batch=32, part=64, train_batch=16, calibration_steps=6, eval_prompts=8, dev_prompts=0,
                  dev_new_tokens=128, data_share=0.5, dev_seconds=0.0, seconds_per_eval=60.0),
     "tiny": Sizes(gen_batch=8, part=8, train_batch=4, calibration_steps=3, eval_prompts=2, dev_prompts=1,
-                  dev_new_tokens=8, data_share=0.4, dev_seconds=20.0, max_new_tokens=12, max_prompt_tokens=64, heldout=2,
+                  dev_new_tokens=8, data_share=0.4, dev_seconds=30.0, max_new_tokens=12, max_prompt_tokens=64, heldout=2,
                   seconds_per_eval=1.0),
 }
 
