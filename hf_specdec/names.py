@@ -13,6 +13,7 @@ purpose: no torch, no transformers.
     "a+b"                     a's draft when it has one, else b's (e.g. "ngram+medusa:chain")
     "default"                 the fastest drafter measured for this target (BENCHMARKS.md)
     a folder or "owner/name"  any drafter hf_specdec saved (`AutoDrafter`), or a causal LM with the target's vocabulary
+                              (a built-in name wins over a folder of that name: "./ngram" names the folder)
 """
 
 from __future__ import annotations
@@ -98,10 +99,11 @@ def parse(spec: str, target=None) -> list[Part]:
 
 
 def _parse_one(piece: str) -> Part:
-    if Path(piece).exists():
-        return Part(source=piece)
     name, colon, argument = piece.partition(":")
     word = WORDS.get(name)
+    # built-in names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
+    if word is None and name not in shipped_drafter_names() and Path(piece).exists():
+        return Part(source=piece)
     if word is not None:
         if not colon and word.number != "required":
             return Part(word)

@@ -61,6 +61,20 @@ def test_a_saved_medusa_folder_takes_a_suffix(tmp_path):
         check_name(f"{tmp_path}/runs/missing:chain")
 
 
+def test_built_in_names_win_over_folders_of_the_same_name(tmp_path, monkeypatch):
+    """A folder called `ngram` or `medusa` in the working directory does not replace the built-in drafter of that name;
+    it is named by a path."""
+    target = tiny_llama()
+    monkeypatch.chdir(tmp_path)
+    for name in ("ngram", "medusa"):
+        MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).save_pretrained(tmp_path / name)
+    assert isinstance(as_drafter("ngram", target=target), NgramDrafter)
+    assert isinstance(as_drafter("./ngram", target=target), MedusaDrafter)
+    shipped = AutoDrafter.from_pretrained("medusa")  # the heads shipped for SmolLM2, not the tiny ones here
+    assert shipped.config.hidden_size != target.config.hidden_size
+    assert AutoDrafter.from_pretrained("./medusa").config.hidden_size == target.config.hidden_size
+
+
 def test_medusa_suffixes_are_for_medusa_heads_only():
     with pytest.raises(UnknownDrafterError, match="only Medusa heads take a suffix"):
         as_drafter("distilled:chain")
