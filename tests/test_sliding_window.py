@@ -115,6 +115,11 @@ def test_what_sliding_windows_cannot_do_is_refused_before_any_work():
     with pytest.raises(ValueError, match="tree='chain'"):
         target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=MedusaDrafter(heads),
                         max_new_tokens=4, draft_length="constant")
+    # every drafter that verifies trees, alone or inside a composite (the fuzz of issue 44 crashed on ngram+recycle)
+    for assistant in ("recycle", "ngram+recycle"):
+        with pytest.raises(ValueError, match=r"sliding window\): draft a chain"):
+            target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=assistant, num_draft_tokens=6,
+                            max_new_tokens=4, draft_length="constant")
     # the model still works, and speculates, afterwards
     stats = SpeculationStats()
     out = target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=perturbed_copy(target),

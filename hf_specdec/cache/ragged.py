@@ -61,16 +61,20 @@ def takes_4d_masks(model) -> bool:
     return "flash" not in (getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def check_tree_attention(model, what: str, cache=None) -> None:
-    """Refuse, before any work, a tree on a target whose attention cannot take the tree's 4-D mask, or whose cache has
-    layers that read recent slots whatever the mask (a convolution would mix the tree's siblings)."""
+def check_tree_attention(model, what: str, cache=None, chain: str = "draft a chain") -> None:
+    """Refuse, before any work, a tree on a target whose attention cannot take the tree's 4-D mask, whose cache has
+    layers that read recent slots whatever the mask (a convolution would mix the tree's siblings), or that attends
+    over a sliding window. `chain`: how the drafter drafts a chain instead."""
     if cache is not None and mixes_slots(cache):
         raise InputError(f"{what} verifies a tree of candidates in one forward, but {type(model).__name__} has layers "
-                         "(convolutions over recent tokens) that would read a node's siblings as its past: draft a chain.")
+                         f"(convolutions over recent tokens) that would read a node's siblings as its past: {chain}.")
     if not takes_4d_masks(model):
         raise InputError(f"{what} verifies a tree of candidates in one forward, which needs a 4-D attention mask; "
                          f"attn_implementation={model.config._attn_implementation!r} takes none. Load the target with "
-                         "attn_implementation='sdpa' (or 'eager'), or draft a chain.")
+                         f"attn_implementation='sdpa' (or 'eager'), or {chain}.")
+    if has_sliding_window(model.config):
+        raise InputError(f"{what} verifies a tree of candidates in one forward, which needs full attention in every "
+                         f"layer (its 4-D mask would cross {type(model).__name__}'s sliding window): {chain}.")
 
 
 class RaggedKV:

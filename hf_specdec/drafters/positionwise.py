@@ -24,7 +24,7 @@ import heapq
 
 import torch
 
-from ..cache.ragged import check_tree_attention, has_sliding_window
+from ..cache.ragged import check_tree_attention
 from ..errors import InputError
 from ..tree import Tree
 from .base import Draft, Drafter, Drafting
@@ -104,10 +104,7 @@ class PositionTree:
         return self.tree[0].size  # a tree's budget is its nodes (what the verification forward's width costs)
 
     def check(self, target, what: str) -> None:
-        check_tree_attention(target.model, f"{what}'s tree", target.cache)
-        if has_sliding_window(target.model.config):
-            raise InputError(f"{what}'s tree of candidates needs full attention in every layer (its 4-D mask would "
-                             "cross the sliding window); draft a chain (tree='chain') with this target.")
+        check_tree_attention(target.model, f"{what}'s tree", target.cache, chain="draft a chain (tree='chain')")
 
     def positions(self, max_tokens: int, num_positions: int) -> tuple[int, int]:
         budget = min(max_tokens, self.tree[0].size)
