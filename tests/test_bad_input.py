@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, T5Config, T5ForConditionalGeneration
+from transformers import (MistralConfig, MistralForCausalLM, T5Config, T5ForConditionalGeneration, xLSTMConfig,
+                          xLSTMForCausalLM)
 
 import hf_specdec
 from hf_specdec import MedusaConfig, MedusaHeads, speculative_generate
@@ -138,6 +139,23 @@ def test_encoder_decoder_target():
         assert t5.generate(PROMPT, max_new_tokens=5).shape[1] <= 6  # plain generate still works
     finally:
         hf_specdec.disable(t5)
+
+
+def test_a_cache_class_of_the_models_own_is_refused_before_any_forward():
+    """xLSTM keeps its recurrent state in an xLSTMCache, which is no transformers Cache: every drafter crashed in its
+    first step (no attribute 'rnn_state') instead of being refused like the other recurrent models."""
+    config = xLSTMConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0,
+                         v_dim_factor=1.0)
+    xlstm = xLSTMForCausalLM(config).eval()
+    calls = []
+    handle = xlstm.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        for assistant in ("ngram", "recycle", perturbed_copy(xlstm)):
+            with pytest.raises(ValueError, match="own xLSTMCache, which cannot be rolled back"):
+                xlstm.generate(PROMPT, custom_generate=speculative_generate, assistant=assistant, max_new_tokens=5)
+    finally:
+        handle.remove()
+    assert calls == [] and xlstm.generate(PROMPT, max_new_tokens=5, do_sample=False).shape[1] == PROMPT.shape[1] + 5
 
 
 @pytest.mark.parametrize("kind", ["medusa tree", "token recycling"])

@@ -7,7 +7,7 @@ import inspect
 import warnings
 from dataclasses import dataclass
 
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from ..cache.keyword import CACHE, cache_keyword
 from ..cache.ragged import can_roll_back, has_sliding_window, mixes_slots
@@ -140,8 +140,9 @@ def check_architecture(model) -> None:
     if any(kind is dict or getattr(kind, "__origin__", None) is dict for kind in declared):  # XLM's per-layer tensors
         raise InputError(f"{name}'s forward keeps its past in a structure of its own (not a transformers Cache), which "
                          "cannot be rolled back to before a rejected draft: use plain generate().")
-    own = [k for k in declared if isinstance(k, type) and getattr(k, "is_croppable", True) is False]
-    if own:  # a Cache subclass of the model's own that says it cannot crop (MiniMax's)
+    own = [k for k in declared if isinstance(k, type) and "Cache" in k.__name__
+           and (not issubclass(k, Cache) or getattr(k, "is_croppable", True) is False)]
+    if own:  # a cache class of the model's own: not a transformers Cache (xLSTM's), or one that cannot crop (MiniMax's)
         raise InputError(f"{name} keeps its state in its own {own[0].__name__}, which cannot be rolled back to before "
                          "a rejected draft, as speculative decoding needs: use plain generate().")
     if model.config.model_type in UNVERIFIABLE:
