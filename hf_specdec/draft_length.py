@@ -277,8 +277,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return verify
 
 
-#: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object) and (target, batch
-#: size), so that later calls start from it
+#: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object), target and batch
+#: size, so that later calls start from it; weak on the drafter and on the target, so that a new model never takes
+#: over a collected one's entry (as a key of id(model) let it, once the id was reused)
 _LEARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -292,10 +293,10 @@ def policy_for_call(value, learner, model, batch_size: int, sampling: bool = Fal
         value = "adaptive" if batch_size == 1 and not sampling else "constant"
     if value == "adaptive":
         try:
-            learned = _LEARNED.setdefault(learner, {})
+            learned = _LEARNED.setdefault(learner, weakref.WeakKeyDictionary()).setdefault(model, {})
         except TypeError:  # not weak-referenceable
             return AdaptiveDraftLength(drafter_sizes=drafter_sizes)
-        return learned.setdefault((id(model), batch_size), AdaptiveDraftLength(drafter_sizes=drafter_sizes))
+        return learned.setdefault(batch_size, AdaptiveDraftLength(drafter_sizes=drafter_sizes))
     return as_draft_length_policy(value)
 
 

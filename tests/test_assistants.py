@@ -150,10 +150,30 @@ def test_a_name_is_built_once_per_target_and_kept_with_it(tmp_path, monkeypatch)
         steps = []
         for route in (routes["enable"], routes["custom_generate"], routes["enable"]):
             route(assistant="ngram", draft_length="adaptive")
-            steps.append(_LEARNED[hf_specdec.get_assistant(target, "ngram")][(id(target), 1)].steps)
+            steps.append(_LEARNED[hf_specdec.get_assistant(target, "ngram")][target][1].steps)
         assert 0 < steps[0] < steps[1] < steps[2]  # one policy, learning across calls and routes
     finally:
         hf_specdec.disable(target)
+
+
+def test_what_adaptive_learned_for_a_target_goes_with_it():
+    """A policy is kept per drafter and target while the target lives; a model made after another was collected (and
+    which may reuse its id) starts afresh."""
+    import gc
+
+    from hf_specdec.draft_length import policy_for_call
+
+    drafter = NgramDrafter()
+    first = tiny_llama()
+    policy = policy_for_call("adaptive", drafter, first, 1)
+    policy.steps = 7  # what it learned
+    assert policy_for_call("adaptive", drafter, first, 1) is policy
+    assert policy_for_call("adaptive", drafter, first, 2) is not policy  # (per batch size too)
+    del first
+    gc.collect()
+    assert len(_LEARNED[drafter]) == 0  # nothing kept for a model that is gone
+    models = [tiny_llama() for _ in range(20)]  # (CPython often gives a new object a collected one's address)
+    assert all(policy_for_call("adaptive", drafter, m, 1) is not policy for m in models)
 
 
 def test_a_busy_drafter_is_not_shared_between_threads():

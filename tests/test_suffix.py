@@ -88,7 +88,7 @@ def test_adaptive_calls_are_identical_and_the_drafter_sizes_its_own_trees():
             out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
                                   speculation_stats=stats, **kwargs)
             assert torch.equal(out, target.generate(prompt, **kwargs))
-    (policy,) = draft_length._LEARNED[drafter].values()
+    (policy,) = draft_length._LEARNED[drafter][target].values()
     assert isinstance(policy, draft_length.AdaptiveDraftLength) and policy.drafter_sizes
     assert sum(sized) > len(sized) / 2  # most steps were sized against measured costs
     assert_speculated(stats, depth=3)
