@@ -46,7 +46,6 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
     importlib.import_module(".kinds", __name__)  # every drafter kind registered before any of them is used
-    importlib.import_module(".integrations.enable", __name__).hint_when_not_enabled()
     value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value

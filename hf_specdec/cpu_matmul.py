@@ -51,6 +51,7 @@ _PACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # layer -> (
 _ACTIVE = contextvars.ContextVar("hf_specdec_fast_linear", default=False)
 _LOCK = threading.RLock()
 _ROUTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> how many calls route it now
+_OURS: "weakref.WeakSet" = weakref.WeakSet()  # the layers whose forward `routed` set (and only these it removes)
 _STORE = {"loaded": None, "dirty": False}  # which choices file was read; whether new choices wait to be saved
 
 
@@ -167,7 +168,9 @@ def routed(model, enabled: bool = True):
         count = _ROUTED.get(model, 0)
         if count == 0:
             for layer in _layers(model):
-                layer.forward = _fast_forward.__get__(layer)
+                if "forward" not in layer.__dict__:  # (a forward a user or another library set stays theirs)
+                    layer.forward = _fast_forward.__get__(layer)
+                    _OURS.add(layer)
         _ROUTED[model] = count + 1
     try:
         yield
@@ -177,7 +180,9 @@ def routed(model, enabled: bool = True):
             if _ROUTED[model] == 0:
                 onednn = {key[:2] for key, path in CHOICES.items() if path == "onednn"}
                 for layer in _layers(model):
-                    layer.__dict__.pop("forward", None)
+                    if layer in _OURS:
+                        layer.__dict__.pop("forward", None)
+                        _OURS.discard(layer)
                     if (layer.out_features, layer.in_features) not in onednn:
                         _PACKED.pop(layer, None)  # a trial's packed copy, for a shape no row count chose it for
                 del _ROUTED[model]

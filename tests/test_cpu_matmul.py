@@ -112,3 +112,21 @@ def test_layers_too_small_to_gain_keep_their_own_forward(monkeypatch):
         routed = {name for name, m in target.named_modules() if "forward" in m.__dict__}
     assert routed and all(name.split(".")[-1] in ("gate_proj", "up_proj", "down_proj", "lm_head") for name in routed)
     assert not any("forward" in m.__dict__ for m in target.modules())
+
+
+def test_a_forward_someone_else_set_on_a_layer_is_left_alone(runs):
+    """A layer whose instance already has a forward of its own (a user's wrapper, another library's hook) keeps it
+    during and after the call: it is not routed, and not removed afterwards."""
+    target = tiny_llama()
+    layer = target.model.layers[0].mlp.down_proj
+    calls = []
+    layer.forward = lambda x: calls.append(1) or torch.nn.functional.linear(x, layer.weight, layer.bias)
+    theirs = layer.forward
+    prompt = random_prompts(1)[0]
+    expected = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    before = len(calls)
+    out = target.generate(prompt, max_new_tokens=8, do_sample=False, custom_generate=speculative_generate,
+                          assistant="ngram", fast_cpu_verify=True)
+    assert torch.equal(out, expected) and len(calls) > before  # theirs ran in the call
+    assert layer.__dict__["forward"] is theirs and not any(seen is layer for _, seen in runs)
+    assert runs  # the other layers were routed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria, TextStreamer
@@ -192,3 +194,36 @@ def test_stats_accumulate_across_calls(pair, stats):
     assert_speculated(stats, depth=2)
     assert 1.0 < stats.mean_accepted_tokens <= 5.0
     assert set(stats.as_dict()) >= {"target_forwards", "mean_accepted_tokens", "acceptance_by_position"}
+
+
+def test_nothing_outside_the_target_is_patched(tmp_path):
+    """Importing and using hf_specdec (both ways in, enable() and disable()) leaves transformers' classes as they were,
+    and disable() gives the model back its own generate; checked in a fresh process."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers.generation.utils import GenerationMixin
+def snapshot():
+    return {(cls.__name__, name): value for cls in (GenerationMixin, PreTrainedModel, torch.nn.Module, torch.nn.Linear)
+            for name, value in vars(cls).items()}
+target = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)).eval()
+prompt = torch.tensor([[3, 5, 7, 9, 3, 5, 7]])
+target.generate(prompt, max_new_tokens=6)  # (what transformers itself installs on first use happens before)
+before = snapshot()
+import hf_specdec
+target.generate(prompt, max_new_tokens=6, custom_generate=hf_specdec.speculative_generate, assistant="ngram")
+hf_specdec.enable(target)
+target.generate(prompt, max_new_tokens=6, assistant=hf_specdec.NgramDrafter())
+hf_specdec.disable(target)
+changed = [key for key, value in snapshot().items() if before.get(key) is not value]
+assert not changed, changed
+assert "generate" not in target.__dict__ and not any("forward" in m.__dict__ for m in target.modules())
+print("untouched")
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=300)
+    assert "untouched" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]

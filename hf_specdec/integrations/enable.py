@@ -50,29 +50,6 @@ def enable(model):
     return model
 
 
-def hint_when_not_enabled() -> None:
-    """Make transformers' "model_kwargs are not used: ['assistant']" say what to do: `assistant=` is hf_specdec's, and
-    only an enabled model's `generate()` takes it. (Installed once, when hf_specdec is first used.)"""
-    from transformers.generation.utils import GenerationMixin
-
-    check = GenerationMixin._validate_model_kwargs
-    if getattr(check, "_hf_specdec_hint", False):
-        return
-
-    @functools.wraps(check)
-    def validate_model_kwargs(self, model_kwargs):
-        try:
-            return check(self, model_kwargs)
-        except ValueError as error:
-            if "assistant" not in model_kwargs:
-                raise
-            raise ValueError(f"{error} -- `assistant=` is hf_specdec's: call `hf_specdec.enable(model)` once first, or "
-                             "pass `custom_generate=hf_specdec.speculative_generate` with it.") from None
-
-    validate_model_kwargs._hf_specdec_hint = True
-    GenerationMixin._validate_model_kwargs = validate_model_kwargs
-
-
 def disable(model):
     """Restore the model's own `generate`. Returns the model."""
     if getattr(model, "_hf_specdec_original_generate", None) is not None:
