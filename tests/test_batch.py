@@ -187,3 +187,33 @@ def test_fallback_drafter_sampling_mixes_one_hot_and_model_q():
     stats = SpeculationStats()
     assert_batched_sampling_matches_target(target, combined, prompts, samples=5000, stats=stats)
     assert_speculated(stats, depth=2, row_groups=2, uneven=True)
+
+
+def test_a_candidate_generator_keeps_one_rows_state_per_row():
+    """A transformers CandidateGenerator in a batch: each row drafts with a generator of its own (one sequence's state:
+    an assistant's cache, a draft length), which shares the generator's modules, and the batch decodes as plain."""
+    from transformers.generation.candidate_generator import CandidateGenerator
+
+    target = tiny_llama()
+    seen = {}  # generator -> the prompts whose continuations it was asked for
+
+    class OneSequenceGenerator(CandidateGenerator):
+        def __init__(self, model):
+            self.model = model  # shared by the rows' copies (its weights are not copied)
+
+        def get_candidates(self, input_ids):
+            seen.setdefault(id(self), set()).add(tuple(input_ids[0, :3].tolist()))
+            assert self.model is target
+            nxt = self.model(input_ids).logits[:, -1:].argmax(-1)
+            return torch.cat([input_ids, nxt], 1), None
+
+        def update_candidate_strategy(self, input_ids, scores, num_matches):
+            pass
+
+    prompts = random_prompts(3, seed=11)
+    ids, mask = left_pad(prompts)
+    out = target.generate(ids, attention_mask=mask, pad_token_id=PAD, max_new_tokens=6, do_sample=False,
+                          custom_generate=speculative_generate, assistant=OneSequenceGenerator(target))
+    plain = target.generate(ids, attention_mask=mask, pad_token_id=PAD, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, plain)
+    assert len(seen) == 3 and all(len(starts) == 1 for starts in seen.values()), seen

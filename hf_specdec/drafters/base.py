@@ -24,6 +24,7 @@ sees one batched signature.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -262,6 +263,16 @@ class CandidateGeneratorDrafter(SequenceDrafter):
 
     def __init__(self, candidate_generator: CandidateGenerator):
         self.candidate_generator = candidate_generator
+
+    def __copy__(self):
+        """A row's copy (`PerRowDrafter`): a candidate generator keeps one sequence's state (an assistant's cache, its
+        draft length), so each row gets its own, sharing the modules and tensors the generator holds."""
+        shared = {id(v): v for v in vars(self.candidate_generator).values()
+                  if isinstance(v, (torch.nn.Module, torch.Tensor))}
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.candidate_generator = copy.deepcopy(self.candidate_generator, shared)
+        return clone
 
     def propose(self, input_ids, max_tokens):
         candidate_ids, candidate_logits = self.candidate_generator.get_candidates(input_ids)
