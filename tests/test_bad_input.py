@@ -151,7 +151,8 @@ def test_a_cache_class_of_the_models_own_is_refused_before_any_forward():
     handle = xlstm.register_forward_hook(lambda *a: calls.append(1))
     try:
         for assistant in ("ngram", "recycle", perturbed_copy(xlstm)):
-            with pytest.raises(ValueError, match="own xLSTMCache, which cannot be rolled back"):
+            # (transformers < 5.25 marks xLSTM stateful: refused as a recurrent state, the same words)
+            with pytest.raises(ValueError, match="xLSTMForCausalLM keeps .*, which cannot be rolled back"):
                 xlstm.generate(PROMPT, custom_generate=speculative_generate, assistant=assistant, max_new_tokens=5)
     finally:
         handle.remove()
