@@ -3,9 +3,8 @@
 Names (the vocabulary is `names.py`) are resolved once per target: the drafter built for a name is kept with the
 target (per device and dtype; released with it) and reused by later calls, so that loaded weights, token recycling's
 table, a suffix index and what `draft_length="adaptive"` learned carry over from call to call, as they do for a
-drafter object. State that belongs to one call (caches, rows) is reset by every drafter's `start`. A drafter decodes
-one call at a time: a call that finds a named drafter busy in another thread gets one of its own for that call; a
-drafter object passed to two concurrent calls is refused (`claim`).
+drafter object. State that belongs to one call (caches, rows) is reset by every drafter's `start`. Calls on several
+threads may share one drafter, by name or by object: a call that finds it busy decodes with a fork of it (`claim`).
 
 Objects work too: a `Drafter` (batched), a `SequenceDrafter` (wrapped to draft row by row), a drafter model of any
 registered kind (`kinds.py`), a causal-LM `PreTrainedModel`, or a transformers `CandidateGenerator`.
@@ -121,26 +120,23 @@ def _build_part(part: Part, target) -> Drafter:
 
 @contextlib.contextmanager
 def claim(assistant, target):
-    """The drafter a `generate()` call decodes with, held for that call alone. A named drafter that another call is
-    using right now lends this call a new one; a drafter object in use elsewhere is refused."""
+    """The drafter one `generate()` call decodes with, and the drafter what it learns is kept under (`learner`). The
+    first call to take a drafter decodes with it; a concurrent call (another thread) decodes with a fork of it, which
+    shares what it knows and has per-call state of its own (`Drafter.fork`): one drafter serves any number of calls."""
     drafter = as_drafter(assistant, target)
+    # what "adaptive" learns is kept per drafter: a name's (kept with the target), or the object the caller passed
+    # (a model is wrapped afresh for each call)
+    learner = drafter if isinstance(assistant, str) else assistant
     with _LOCK:
-        free = id(drafter) not in _BUSY
-        if free:
-            _BUSY.add(id(drafter))
-    if not free:
-        if not isinstance(assistant, str):
-            raise InputError(f"{drafter!r} is decoding in another generate() call (another thread): a drafter holds one "
-                             "call's state. Give each thread its own drafter, or pass a name (assistant='ngram'), "
-                             "which hf_specdec builds again for a call that finds it busy.")
-        drafter = build(assistant, target)
-        with _LOCK:
+        busy = id(drafter) in _BUSY
+        if not busy:
             _BUSY.add(id(drafter))
     try:
-        yield drafter
+        yield (drafter.fork() if busy else drafter), learner
     finally:
-        with _LOCK:
-            _BUSY.discard(id(drafter))
+        if not busy:
+            with _LOCK:
+                _BUSY.discard(id(drafter))
 
 
 def default_assistant_name(target=None) -> str:

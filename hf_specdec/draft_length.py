@@ -20,6 +20,9 @@ target and batch size across `generate()` calls; or pass your own `AdaptiveDraft
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -281,23 +284,39 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 #: size, so that later calls start from it; weak on the drafter and on the target, so that a new model never takes
 #: over a collected one's entry (as a key of id(model) let it, once the id was reused)
 _LEARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+_IN_USE: set[int] = set()  # ids of the kept policies a call is deciding with right now
 
 
+@contextlib.contextmanager
 def policy_for_call(value, learner, model, batch_size: int, sampling: bool = False, drafter_sizes: bool = False):
     """The policy a `generate()` call uses. `None` (the default) is "adaptive" for greedy decoding of one sequence, the
     fastest measured there (BENCHMARKS.md), and "constant" for sampling (so that a fixed seed reproduces its sample)
-    and for batches (where n-gram lookup's long copies, which a constant cap lets through, measured faster). "adaptive"
-    is the same policy object as `learner`'s previous calls on this target and batch size. `drafter_sizes`: the
-    drafter sizes its drafts itself (`Drafter.sizes_own_drafts`)."""
+    and for batches (where n-gram lookup's long copies, which a constant cap lets through, measured faster).
+    "adaptive" starts from what `learner`'s previous calls on this target and batch size learned: the kept policy
+    itself, or, while another call (thread) decides with it, a copy of it; whichever call ends last leaves its policy
+    as the one kept, under a lock. `drafter_sizes`: the drafter sizes its drafts itself (`Drafter.sizes_own_drafts`)."""
     if value is None:
         value = "adaptive" if batch_size == 1 and not sampling else "constant"
-    if value == "adaptive":
-        try:
+    if value != "adaptive":
+        yield as_draft_length_policy(value)
+        return
+    try:
+        with _LOCK:
             learned = _LEARNED.setdefault(learner, weakref.WeakKeyDictionary()).setdefault(model, {})
-        except TypeError:  # not weak-referenceable
-            return AdaptiveDraftLength(drafter_sizes=drafter_sizes)
-        return learned.setdefault(batch_size, AdaptiveDraftLength(drafter_sizes=drafter_sizes))
-    return as_draft_length_policy(value)
+    except TypeError:  # not weak-referenceable: nothing is kept
+        yield AdaptiveDraftLength(drafter_sizes=drafter_sizes)
+        return
+    with _LOCK:
+        kept = learned.setdefault(batch_size, AdaptiveDraftLength(drafter_sizes=drafter_sizes))
+        policy = copy.deepcopy(kept) if id(kept) in _IN_USE else kept
+        _IN_USE.add(id(policy))
+    try:
+        yield policy
+    finally:
+        with _LOCK:
+            _IN_USE.discard(id(policy))
+            learned[batch_size] = policy
 
 
 def as_draft_length_policy(value):

@@ -14,7 +14,8 @@ from hf_specdec.assistants import claim
 from hf_specdec.draft_length import _LEARNED
 from hf_specdec.names import check as check_name
 from hf_specdec.names import UnknownDrafterError
-from hf_specdec.drafters import DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter
+from hf_specdec.drafters import (DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter,
+                                 SuffixDrafter)
 from tests.conftest import random_prompts, tiny_llama
 from tests.speculation import assert_speculated
 
@@ -165,30 +166,95 @@ def test_what_adaptive_learned_for_a_target_goes_with_it():
 
     drafter = NgramDrafter()
     first = tiny_llama()
-    policy = policy_for_call("adaptive", drafter, first, 1)
-    policy.steps = 7  # what it learned
-    assert policy_for_call("adaptive", drafter, first, 1) is policy
-    assert policy_for_call("adaptive", drafter, first, 2) is not policy  # (per batch size too)
+    with policy_for_call("adaptive", drafter, first, 1) as policy:
+        policy.steps = 7  # what it learned
+    with policy_for_call("adaptive", drafter, first, 1) as again:
+        assert again is policy
+    with policy_for_call("adaptive", drafter, first, 2) as other:
+        assert other is not policy  # (per batch size too)
     del first
     gc.collect()
     assert len(_LEARNED[drafter]) == 0  # nothing kept for a model that is gone
     models = [tiny_llama() for _ in range(20)]  # (CPython often gives a new object a collected one's address)
-    assert all(policy_for_call("adaptive", drafter, m, 1) is not policy for m in models)
+    for m in models:
+        with policy_for_call("adaptive", drafter, m, 1) as new:
+            assert new is not policy and new.steps == 0
 
 
-def test_a_busy_drafter_is_not_shared_between_threads():
-    """Two threads decoding with one name each get a drafter of their own for the call; a drafter object already
-    decoding in another thread is refused with a message that says what to do."""
+def test_concurrent_calls_decide_with_their_own_copy_of_what_adaptive_learned():
+    """A call that finds the kept policy in use decides with a copy of it (nothing mutated by two calls at once); the
+    call that ends last leaves its policy as the one the next call starts from."""
+    from hf_specdec.draft_length import policy_for_call
+
+    drafter, target = NgramDrafter(), tiny_llama()
+    with policy_for_call("adaptive", drafter, target, 1) as first:
+        first.steps = 3
+        with policy_for_call("adaptive", drafter, target, 1) as second:
+            assert second is not first and second.steps == 3  # a copy of what was learned so far
+            second.steps = 5
+        first.steps = 4
+    with policy_for_call("adaptive", drafter, target, 1) as after:
+        assert after is first and after.steps == 4  # the last call to end left its policy
+
+
+def test_one_drafter_serves_concurrent_calls_with_a_fork_that_shares_what_it_knows():
+    """A drafter taken by a call is lent to a concurrent call as a fork (no refusal): the fork shares the drafter's
+    knowledge (a suffix index, recycling's table) and has its own per-call state; a combined drafter forks its parts;
+    the drafter is the original again once it is free."""
     target = tiny_llama()
-    with claim("ngram", target) as first:
-        assert first is hf_specdec.get_assistant(target, "ngram")
+    with claim("ngram", target) as (first, learner):
+        assert first is learner is hf_specdec.get_assistant(target, "ngram")
         results = {}
-        thread = threading.Thread(target=lambda: results.update(drafter=claim("ngram", target).__enter__()))
+        thread = threading.Thread(target=lambda: results.update(lent=claim("ngram", target).__enter__()))
         thread.start()
         thread.join()
-        assert isinstance(results["drafter"], NgramDrafter) and results["drafter"] is not first
-        with pytest.raises(ValueError, match="decoding in another generate\\(\\) call .* Give each thread its own"):
-            with claim(first, target):
-                pass
-    with claim(first, target) as again:  # free again once the first call ended
+        drafter, kept = results["lent"]
+        assert isinstance(drafter, NgramDrafter) and drafter is not first and kept is first  # learns for the name
+        with claim(first, target) as (again, _):  # an object in use: a fork too
+            assert again is not first
+    with claim(first, target) as (again, _):  # free again once the first call ended
         assert again is first
+    suffix = SuffixDrafter()
+    fork = suffix.fork()
+    assert fork.index is suffix.index and fork.acceptance is suffix.acceptance
+    both = as_drafter("suffix+recycle", target=target)
+    fork = both.fork()
+    assert fork.first is not both.first and fork.second is not both.second
+    assert fork.first.index is both.first.index and fork.second_measured is both.second_measured
+
+
+@pytest.mark.parametrize("assistant", ["ngram", "recycle", "suffix+ngram", "object:ngram", "object:draft model",
+                                       "object:medusa"])
+def test_threads_sharing_one_target_and_one_drafter_decode_exactly(assistant):
+    """Four threads, one target, one drafter (a name, or one object passed by every call): no call refused, every
+    output identical to plain greedy, drafts accepted."""
+    target = tiny_llama(vocab=64)
+    prompts = random_prompts(8, vocab=64, seed=11)
+    kwargs = dict(max_new_tokens=32, do_sample=False)
+    plain = [target.generate(p, **kwargs) for p in prompts]
+    if assistant == "object:ngram":
+        assistant = NgramDrafter()
+    elif assistant == "object:draft model":
+        assistant = tiny_llama(vocab=64)  # the target's twin: it drafts what the target says
+    elif assistant == "object:medusa":
+        assistant = MedusaDrafter(MedusaHeads(MedusaConfig.from_target(target.config, num_heads=2)).bind_target(target))
+    errors, outputs, stats = [], {}, [SpeculationStats() for _ in range(4)]
+
+    def work(t):
+        try:
+            for i in (t, t + 4):
+                outputs[i] = target.generate(prompts[i], custom_generate=speculative_generate, assistant=assistant,
+                                             speculation_stats=stats[t], **kwargs)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert all(torch.equal(outputs[i], plain[i]) for i in range(8))
+    assert sum(s.drafted_tokens for s in stats) > 0
+    if not isinstance(assistant, MedusaDrafter):  # (untrained heads propose; the target rejects them)
+        assert sum(s.accepted_tokens for s in stats) > 0

@@ -192,6 +192,16 @@ class Drafter:
     #: such a drafter drafts nothing (and leaves the step to it) unless it expects more (None: draft what pays)
     rival_rate: float | None = None
 
+    def fork(self) -> "Drafter":
+        """The drafter a concurrent call decodes with while this one is busy: it shares what this drafter knows (its
+        model, tables, index, what it learned) and gets per-call state of its own, which `start` sets (a shallow copy;
+        the drafters it combines are forked too). Override when per-call state outlives `start`."""
+        clone = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, Drafter):
+                setattr(clone, name, value.fork())
+        return clone
+
     @classmethod
     def for_target(cls, target, number: int | None = None) -> "Drafter":
         """The drafter an assistant name builds (`names.py`: "ngram", "self:L", ...); `number` is the name's ':N'."""

@@ -125,11 +125,14 @@ def speculative_generate(
                                  compile_drafter, hf_specdec_streamer, verification, typical_threshold, typical_alpha)
     # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
     rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, options)
-    with claim(assistant, model) as drafter:  # a name's drafter is kept with the target; this call holds it
+    # this call's drafter (a fork, when another call holds it) and draft-length policy (what "adaptive" learned before)
+    with claim(assistant, model) as (drafter, learner), policy_for_call(
+            draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
+            drafter.sizes_own_drafts) as policy:
         request = request_for(model, model_kwargs, drafter, num_draft_tokens, rule)
         # 2. Set up the rows, the target's ragged cache and the drafter.
         run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter,
-                     model_kwargs.get("attention_mask"), options)
+                     policy, model_kwargs.get("attention_mask"), options)
         # 3. Decode: a step drafts, verifies and accepts for every row; emit appends what each row keeps.
         with routed(model, run.target.fast):  # the target's CPU matmul path, for this call (cpu_matmul.py)
             decode(run)
@@ -138,16 +141,12 @@ def speculative_generate(
 
 
 def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter: Drafter,
-           attention_mask, options: SpeculationOptions) -> Run:
-    if options.compile_drafter and not drafter.compiles_model:  # (before the policy or any cache is touched)
+           policy: DraftLengthPolicy, attention_mask, options: SpeculationOptions) -> Run:
+    if options.compile_drafter and not drafter.compiles_model:  # (before any cache is touched)
         raise InputError(f"compile_drafter=True compiles a draft model's forward, and {type(drafter).__name__} drafts "
                          "without one: drop compile_drafter.")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    # what "adaptive" learns is kept per drafter: a name's, kept with the target, or the object the caller passed
-    learner = drafter if isinstance(options.assistant, str) else options.assistant
-    policy = policy_for_call(options.draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
-                             drafter.sizes_own_drafts)
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)
