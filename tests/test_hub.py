@@ -265,6 +265,23 @@ def test_custom_generate_takes_an_explicit_drafter(world):
         generate(target, drafter=str(world["agreeing"]), assistant="ngram", inputs=prompt)
 
 
+def test_a_custom_generate_drafter_is_kept_with_each_target(world):
+    """Two targets calling through one drafter folder each get a drafter of their own, loaded once and bound to that
+    target (one drafter cached per process was rebound to whichever target called last)."""
+    from transformers import AutoModelForCausalLM
+
+    first, second = world["target"], AutoModelForCausalLM.from_pretrained(world["target_folder"]).eval()
+    prompt = random_prompts(1, seed=5)[0]
+    plain = first.generate(prompt, max_new_tokens=10, do_sample=False)
+    for target in (first, second, first):
+        out = generate(target, drafter=str(world["agreeing"]), inputs=prompt, max_new_tokens=10, do_sample=False)
+        assert torch.equal(out, plain)
+    (mine,), (theirs,) = (t.__dict__["_hf_specdec_folder_drafters"].values() for t in (first, second))
+    assert mine is not theirs
+    bound = lambda drafter: {id(m.link.target) for m in drafter.modules() if getattr(m, "link", None)}  # noqa: E731
+    assert bound(mine) == {id(first)} and bound(theirs) == {id(second)}
+
+
 # --- model cards ---------------------------------------------------------------------------------------------------------
 MEASURED = {"mean_accepted_tokens": 2.3456, "acceptance_rate": 0.61, "acceptance_by_position": [0.8, 0.6, 0.4],
             "heldout_top1": 0.7, "num_draft_tokens": 3, "eval_prompts": 16, "eval_max_new_tokens": 64,

@@ -11,8 +11,8 @@ binds it to the target and runs `speculative_generate`. hf_specdec itself need n
 
 from __future__ import annotations
 
-import functools
 import inspect
+import threading
 
 from ..auto_drafter import HUB_KWARGS, AutoDrafter
 from ..generation.loop import speculative_generate
@@ -29,22 +29,35 @@ def generate(model, drafter: str | None = None, **kwargs):
         raise ValueError("custom_generate=<drafter folder or repo> brings its own drafter: drop `assistant=`.")
     hub = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}  # where to read the drafter, not generation options
     source = drafter or _custom_generate_source(model)
-    assistant = _load_drafter(source, tuple(sorted(hub.items())), str(model.device), str(model.dtype))
-    bind_if_borrowing(assistant, model)  # drafters that borrow the target's embeddings / LM head
+    assistant = _drafter_for(model, source, tuple(sorted(hub.items())))
     return model.generate(custom_generate=speculative_generate, assistant=assistant, **kwargs)
 
 
-@functools.lru_cache(maxsize=4)  # loaded once per process: a Hub id would otherwise be looked up at every call
-def _load_drafter(source: str, hub: tuple, device: str, target_dtype: str):
-    """The drafter at `source`, on `device`; one per (source, where to read it, device, target dtype)."""
-    return AutoDrafter.from_pretrained(source, **dict(hub)).to(device)
+_KEPT = "_hf_specdec_folder_drafters"  # the target's attribute holding the drafters its calls loaded
+_LOCK = threading.Lock()
+
+
+def _drafter_for(model, source: str, hub: tuple):
+    """The drafter at `source`, loaded at this target's first call and kept with it (per where it was read, device and
+    dtype; released with the target), bound to it: a Hub id is looked up once, and two targets never share (or rebind)
+    one drafter. Concurrent calls may pass the same drafter: each decodes with its own per-call state."""
+    key = (source, hub, str(model.device), str(model.dtype))
+    with _LOCK:
+        kept = model.__dict__.setdefault(_KEPT, {})
+        drafter = kept.get(key)
+    if drafter is None:
+        drafter = bind_if_borrowing(AutoDrafter.from_pretrained(source, **dict(hub)).to(model.device), model)
+        with _LOCK:
+            drafter = kept.setdefault(key, drafter)  # two threads may have loaded one: both use the first
+    return drafter
 
 
 def _custom_generate_source(model) -> str:
     """The `custom_generate=` string of the `model.generate()` call running us: the folder / repo of this drafter.
 
     transformers hands it to `load_custom_generate` but not to `generate`, and runs a COPY of this file from its
-    module cache, so `__file__` does not lead back to the drafter: read it from that `generate()` frame.
+    module cache, so `__file__` does not lead back to the drafter: read it from that `generate()` frame (this thread's
+    own stack: concurrent calls each find their own).
     """
     frame = inspect.currentframe()
     while frame is not None:
