@@ -1,6 +1,6 @@
 """Sliding-window targets (Mistral-, Qwen2- and Gemma-2-style layer mixes): every cache the project creates is rolled
 back correctly once the sequence is past the window, greedy and sampling, through both ways in; what cannot work
-(batches, trees) is refused before any work."""
+(trees) is refused before any work; batches decode row by row."""
 
 from __future__ import annotations
 
@@ -105,12 +105,29 @@ def test_sampling_past_the_window_keeps_the_targets_distribution():
     assert_speculated(stats, depth=2)
 
 
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_batches_decode_row_by_row_exactly_past_the_window(name):
+    """A left-padded batch of a sliding-window target (refused before issue 44) decodes each row alone, with its
+    padding: the output is plain batched generate()'s, rows finishing at different steps, by name and by object."""
+    from tests.speculation import PAD, left_pad
+
+    target = TARGETS[name]()
+    drafter = perturbed_copy(target, scale=0.3 if name == "gemma2" else 0.05)
+    ids, mask = left_pad(random_prompts(3, vocab=96, seed=8, min_len=3, max_len=11))
+    free = target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=PAD)
+    eos = int(free[1, ids.shape[1] + 20])  # a token row 1 produces: it finishes early
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+    expected = target.generate(ids, **kwargs)
+    spec = dict(custom_generate=speculative_generate, num_draft_tokens=3, draft_length="constant", **kwargs)
+    stats = SpeculationStats()
+    out = target.generate(ids, assistant=drafter, speculation_stats=stats, return_dict_in_generate=True, **spec)
+    assert torch.equal(out.sequences, expected)
+    assert_speculated(stats, depth=2, rows=2)  # (rows 0 and 1: their stats come back under their own index)
+    assert torch.equal(target.generate(ids, assistant="ngram", **spec), expected)
+
+
 def test_what_sliding_windows_cannot_do_is_refused_before_any_work():
     target = mistral()
-    ids = torch.cat([PROMPTS[0], PROMPTS[0]])
-    with pytest.raises(ValueError, match="sliding-window attention"):
-        target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, custom_generate=speculative_generate,
-                        assistant=perturbed_copy(target), max_new_tokens=4, draft_length="constant")
     heads = fitted_heads(target, PROMPTS)
     with pytest.raises(ValueError, match="tree='chain'"):
         target.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=MedusaDrafter(heads),

@@ -12,10 +12,10 @@ cache, then calls this loop, which reads as four phases:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from ..assistants import claim
@@ -30,7 +30,8 @@ from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .step import DeviceClock, speculative_step
-from .validate import AcceptRule, request_for, validate
+from .processors import for_rows
+from .validate import AcceptRule, decodes_rows_alone, request_for, validate
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ def speculative_generate(
                                  compile_drafter, hf_specdec_streamer, verification, typical_threshold, typical_alpha)
     # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
     rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, options)
+    if input_ids.shape[0] > 1 and decodes_rows_alone(model):
+        return decode_rows_alone(model, input_ids, logits_processor, stopping_criteria, generation_config, options,
+                                 model_kwargs)
     # this call's drafter (a fork, when another call holds it) and draft-length policy (what "adaptive" learned before)
     with claim(assistant, model) as (drafter, learner), policy_for_call(
             draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
@@ -138,6 +142,33 @@ def speculative_generate(
             decode(run)
         # 4. Finish.
         return finish(run, generation_config, request.cache, input_ids.shape[0])
+
+
+def decode_rows_alone(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                      options: SpeculationOptions, model_kwargs: dict):
+    """A batch of a target whose cache cannot hold rows that advance unevenly (`decodes_rows_alone`: sliding windows,
+    convolution layers): each row decodes alone, exactly as at batch 1 (its left padding kept), with a cache of its
+    own, and the rows come back padded together as `generate()` pads them (no cache is returned)."""
+    batch = input_ids.shape[0]
+    stats = options.speculation_stats if options.speculation_stats is not None else SpeculationStats()
+    keywords = {f.name: getattr(options, f.name) for f in fields(options)}
+    keywords["hf_specdec_streamer"] = keywords.pop("streamer")
+    rows = []
+    for b in range(batch):
+        row_kwargs = {key: value[b : b + 1] if isinstance(value, torch.Tensor) and value.shape[:1] == (batch,) else value
+                      for key, value in model_kwargs.items()}
+        row_kwargs[CACHE] = DynamicCache(config=model.config)
+        processors = LogitsProcessorList(for_rows(processor, [b]) for processor in logits_processor)
+        keywords["speculation_stats"] = row_stats = SpeculationStats()
+        out = speculative_generate(model, input_ids[b : b + 1], processors, stopping_criteria, generation_config,
+                                   **keywords, **row_kwargs)
+        stats.merge(row_stats, first_row=b)
+        rows.append((out.sequences if generation_config.return_dict_in_generate else out)[0])
+    pad = generation_config._pad_token_tensor
+    sequences = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=int(pad))
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    return SpeculativeDecoderOnlyOutput(sequences=sequences, **{CACHE: None}, speculation_stats=stats)
 
 
 def set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter: Drafter,

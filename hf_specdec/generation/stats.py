@@ -68,16 +68,18 @@ class SpeculationStats:
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
 
-    def merge(self, other: "SpeculationStats") -> "SpeculationStats":
-        """Add `other`'s counts to these (e.g. the statistics of several processes); returns self."""
+    def merge(self, other: "SpeculationStats", first_row: int = 0) -> "SpeculationStats":
+        """Add `other`'s counts to these (e.g. the statistics of several processes; `other`'s row i counts as row
+        `first_row + i`: a batch decoded row by row); returns self."""
         for name in ("target_forwards", "emitted_tokens", "drafted_tokens", "accepted_tokens", "uneven_steps",
                      "draft_seconds", "target_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position", "drafted_by_row", "accepted_by_row"):
             mine, theirs = getattr(self, name), getattr(other, name)
-            mine += [0] * (len(theirs) - len(mine))
+            offset = first_row if name.endswith("_row") else 0
+            mine += [0] * (offset + len(theirs) - len(mine))
             for i, value in enumerate(theirs):
-                mine[i] += value
+                mine[offset + i] += value
         return self
 
     def as_dict(self) -> dict:

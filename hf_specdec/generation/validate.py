@@ -195,22 +195,25 @@ def request_for(model, model_kwargs: dict, drafter: Drafter, num_draft_tokens, r
     return Request(k, rule, cache)
 
 
+def decodes_rows_alone(model) -> bool:
+    """Whether a batch of this target decodes one row at a time: its cache cannot hold rows that advance unevenly (see
+    the design note in cache/ragged.py), since the holes a row's rejected drafts leave would shift a sliding window,
+    or stay among the most recent slots that convolution layers read."""
+    return has_sliding_window(model.config) or (model.config.is_encoder_decoder is False
+                                                and mixes_slots(DynamicCache(config=model.config)))
+
+
 def validate_batch(model, generation_config, cache) -> None:
-    """What batch > 1 needs beyond batch 1 (see the design note in cache/ragged.py)."""
-    if has_sliding_window(model.config):
-        raise InputError("Batched speculative decoding does not support sliding-window attention targets (the rows' "
-                         "cache holes would shift the window); decode one prompt at a time.")
-    if model.config.is_encoder_decoder is False and mixes_slots(DynamicCache(config=model.config)):
-        raise InputError(f"Batched speculative decoding does not support {type(model).__name__}: its convolution layers "
-                         "read each row's most recent cache slots, and a row's rejected drafts stay there as holes; "
-                         "decode one prompt at a time.")
+    """What batch > 1 needs beyond batch 1."""
     if cache is not None and type(cache) is not DynamicCache:
         raise InputError("Batched speculative decoding needs a DynamicCache; drop cache_implementation for batch > 1.")
     if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
-        raise InputError("output_scores / output_logits are supported for batch 1 only.")
+        raise InputError("output_scores / output_logits need batch 1 with speculative decoding: at batch > 1 plain "
+                         "generate() also scores finished rows on padding tokens, forwards speculation never runs; "
+                         "pass one prompt per call, or use plain generate().")
     if generation_config._pad_token_tensor is None:
         raise InputError("Batched generation needs a pad token: set pad_token_id.")
 
 
-__all__ = ["validate", "request_for", "Request", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "accept_rule",
+__all__ = ["validate", "decodes_rows_alone", "request_for", "Request", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "accept_rule",
            "MODEL_KWARGS_HANDLED"]
