@@ -118,6 +118,20 @@ def test_kv_reuse_runs_each_early_layer_once_per_token(arch_name):
             hook.remove()
 
 
+def test_behind_ngram_lookup_it_verifies_the_steps_it_drafts_in_the_shared_cache():
+    """`ngram+self`: where n-gram lookup finds nothing, self-speculation drafts in the target's own cache, and the
+    step must be verified by it (its early layers already hold the drafts); the fuzz of issue 44 crashed here with the
+    ordinary verification forward."""
+    target = tiny_llama(layers=LAYERS)
+    stats = SpeculationStats()
+    for prompt in PROMPTS[:4]:
+        kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=f"ngram+self:{LAYERS}",
+                              num_draft_tokens=2, draft_length="constant", speculation_stats=stats, **kwargs)
+        assert torch.equal(out, target.generate(prompt, **kwargs))
+    assert_speculated(stats, depth=2, rejected=False)  # (all layers: the drafts are the target's own)
+
+
 def test_greedy_with_processors_and_default_layer_count():
     target = tiny_llama(layers=4)
     drafter = SelfSpeculativeDrafter()  # half the layers

@@ -49,6 +49,7 @@ class FallbackDrafter(Drafter):
         self.second.start(target, seqs, settings)
         self.used_first = [True] * seqs.size
         self.second_counts = [0] * seqs.size
+        self.verifier: Drafter | None = None  # the part whose `verify` verifies this step's draft (None: the default)
 
     def accepted(self, seqs, verified):
         ours = verified.mine or [True] * len(self.used_first)  # (inside another fallback: the rows it gave us)
@@ -71,6 +72,12 @@ class FallbackDrafter(Drafter):
         self.first.end()
         self.second.end()
 
+    def verify(self, target, pending, pending_valid, draft):
+        # a drafter that ran part of the target as it drafted (self-speculation in the target's cache) verifies the
+        # steps it drafted alone; a plain step (no proposal asked for) and mixed rows take the ordinary forward
+        verifier, self.verifier = self.verifier, None
+        return (verifier or super()).verify(target, pending, pending_valid, draft)
+
     def propose(self, seqs, max_tokens):
         if self.sizes_own_drafts:
             self.first.rival_rate = self.second_measured.rate(self.settings.verify_cost)
@@ -78,6 +85,7 @@ class FallbackDrafter(Drafter):
         counts = _counts(first)
         self.used_first = [n > 0 for n in counts]
         self.second_counts = [0] * seqs.size
+        self.verifier = self.first
         if all(self.used_first):
             return first
         # the second drafter at most at its own default length: a model drafter's cost grows with every token
@@ -85,6 +93,7 @@ class FallbackDrafter(Drafter):
         second = self.second.propose(seqs, min(max_tokens, self.second.default_num_draft_tokens))
         self.second_measured.drafting(time.perf_counter() - began)
         self.second_counts = _counts(second)
+        self.verifier = self.second
         if not any(self.used_first):
             return second
         if second.tree is not None or first.tree is not None:
@@ -94,8 +103,10 @@ class FallbackDrafter(Drafter):
             self.used_first = [use_first] * seqs.size
             if use_first:
                 self.second_counts = [0] * seqs.size
+            self.verifier = self.first if use_first else self.second
             return first if use_first else second
         # row by row: the first drafter's tokens where it proposed some, else the second's
+        self.verifier = None
         width = max(first.num_tokens, second.num_tokens)
         pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         use = torch.tensor(self.used_first, device=first.tokens.device)
