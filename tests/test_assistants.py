@@ -223,15 +223,20 @@ def test_one_drafter_serves_concurrent_calls_with_a_fork_that_shares_what_it_kno
     assert fork.first.index is both.first.index and fork.second_measured is both.second_measured
 
 
-@pytest.mark.parametrize("assistant", ["ngram", "recycle", "suffix+ngram", "object:ngram", "object:draft model",
-                                       "object:medusa"])
+@pytest.mark.parametrize("assistant", ["ngram", "recycle", "suffix+ngram", "self:1", "object:ngram",
+                                       "object:draft model", "object:medusa"])
 def test_threads_sharing_one_target_and_one_drafter_decode_exactly(assistant):
     """Four threads, one target, one drafter (a name, or one object passed by every call): no call refused, every
-    output identical to plain greedy, drafts accepted."""
+    output identical to plain greedy, drafts accepted. (Self-speculation ran the target with its layer list swapped,
+    which other threads' forwards saw; feature drafters' hooks recorded other threads' forwards.)"""
+    from tests.speculation import PAD, left_pad
+
     target = tiny_llama(vocab=64)
-    prompts = random_prompts(8, vocab=64, seed=11)
-    kwargs = dict(max_new_tokens=32, do_sample=False)
-    plain = [target.generate(p, **kwargs) for p in prompts]
+    # per thread, one prompt alone and a left-padded batch of two, in turn (rows of several widths in flight at once)
+    calls = [left_pad([p]) for p in random_prompts(4, vocab=64, seed=11)]
+    calls += [left_pad(random_prompts(2, vocab=64, seed=20 + t)) for t in range(4)]
+    kwargs = dict(max_new_tokens=32, do_sample=False, pad_token_id=PAD)
+    plain = [target.generate(ids, attention_mask=mask, **kwargs) for ids, mask in calls]
     if assistant == "object:ngram":
         assistant = NgramDrafter()
     elif assistant == "object:draft model":
@@ -242,9 +247,12 @@ def test_threads_sharing_one_target_and_one_drafter_decode_exactly(assistant):
 
     def work(t):
         try:
-            for i in (t, t + 4):
-                outputs[i] = target.generate(prompts[i], custom_generate=speculative_generate, assistant=assistant,
-                                             speculation_stats=stats[t], **kwargs)
+            for _ in range(2):
+                for i in (t, t + 4):
+                    ids, mask = calls[i]
+                    outputs[i] = target.generate(ids, attention_mask=mask, custom_generate=speculative_generate,
+                                                 assistant=assistant, speculation_stats=stats[t], **kwargs)
+                    assert torch.equal(outputs[i], plain[i]), i
         except Exception as error:  # noqa: BLE001 (reported below)
             errors.append(error)
 
@@ -254,7 +262,7 @@ def test_threads_sharing_one_target_and_one_drafter_decode_exactly(assistant):
     for thread in threads:
         thread.join()
     assert not errors, errors
-    assert all(torch.equal(outputs[i], plain[i]) for i in range(8))
+    assert len(outputs) == 8
     assert sum(s.drafted_tokens for s in stats) > 0
     if not isinstance(assistant, MedusaDrafter):  # (untrained heads propose; the target rejects them)
         assert sum(s.accepted_tokens for s in stats) > 0

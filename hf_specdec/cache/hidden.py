@@ -8,6 +8,7 @@ are the blocks whose outputs EAGLE-3 fuses (a low, a middle and a high layer).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch import nn
@@ -53,10 +54,12 @@ class HiddenCapture:
     @contextlib.contextmanager
     def recording(self):
         outputs: list = [None] * len(self.modules)
+        thread = threading.get_ident()
 
         def hook(i):
             def record(module, args, output):
-                outputs[i] = output[0] if isinstance(output, tuple) else output
+                if threading.get_ident() == thread:  # a hook is the module's, for every thread: keep this forward's
+                    outputs[i] = output[0] if isinstance(output, tuple) else output
             return record
 
         handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(self.modules)]

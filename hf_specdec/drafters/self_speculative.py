@@ -23,6 +23,8 @@ cache (`OwnCacheEarlyExit`).
 
 from __future__ import annotations
 
+import copy
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -65,6 +67,8 @@ class EarlyExitModel(nn.Module):
         self.layers_attr = layers_attr
         self.early_layers = list(getattr(base, layers_attr))[:num_layers]
         self.late_layers = list(getattr(base, layers_attr))[num_layers:]  # what verification runs after KV reuse
+        self.__dict__["early_base"] = base_running(base, layers_attr, self.early_layers)  # (not submodules)
+        self.__dict__["late_base"] = base_running(base, layers_attr, self.late_layers)
         # its own cache (when it has one) holds these layers only: a cache layer that never runs would never fill
         values = {**target.config.to_dict(), "num_hidden_layers": num_layers}
         if values.get("layer_types") is not None:
@@ -80,27 +84,30 @@ class EarlyExitModel(nn.Module):
 
     def forward(self, input_ids, position_ids=None, cache=None, use_cache=True, attention_mask=None, logits_to_keep=0,
                 **kwargs):
-        modules = self.base._modules
-        all_layers = modules[self.layers_attr]
-        modules[self.layers_attr] = nn.ModuleList(self.early_layers)  # the base model now runs the first L layers
-        try:
-            if attention_mask is None:  # nothing padded (and GPT-2 stays quiet)
-                past = cache.get_seq_length() if cache is not None else 0
-                attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
-                                            device=input_ids.device)
-            out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            **{cache_keyword(self.base): cache}, use_cache=use_cache)
-        finally:
-            modules[self.layers_attr] = all_layers
+        if attention_mask is None:  # nothing padded (and GPT-2 stays quiet)
+            past = cache.get_seq_length() if cache is not None else 0
+            attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
+                                        device=input_ids.device)
+        out = self.early_base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              **{cache_keyword(self.base): cache}, use_cache=use_cache)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
         return SimpleNamespace(logits=self.target.get_output_embeddings()(hidden))
+
+
+def base_running(base: nn.Module, layers_attr: str, layers: list) -> nn.Module:
+    """The target's base model as it runs with only `layers`: a shallow copy that shares every module, parameter and
+    buffer and has a layer list of its own. The target itself is never changed, so a forward of it in another thread
+    (a concurrent call, a plain generate()) still runs every layer."""
+    view = copy.copy(base)
+    view.__dict__["_modules"] = {**base._modules, layers_attr: nn.ModuleList(layers)}
+    return view
 
 
 class OwnCacheEarlyExit(DraftModelDrafter):
     """The early-exit model drafting in a cache of its own (L layers deep), rolled back after each step like any
     draft model's: batches, padded prompts, sliding windows and GPT-2."""
 
-    compiles_model = False  # its layer list is swapped during each forward, which a compiled graph cannot follow
+    compiles_model = False  # it runs a view of the target's base model made per call (a compile per call)
 
     def __init__(self, model: EarlyExitModel):
         self.model, self.kv = model, None  # not a PreTrainedModel: it borrows the target's modules
@@ -119,9 +126,9 @@ class SharedCacheEarlyExit(Drafter):
         self.shared = target
         self.early_hidden = None  # layer-L hidden states of the tokens fed this step (pending tokens, drafts but last)
 
-    def _layers(self, layers, cache_len: int, input_ids=None, inputs_embeds=None):
-        """Run `layers` of the target's base model on new tokens after `cache_len` cached ones (batch 1, causal);
-        returns (hidden states entering the final norm, final-norm output)."""
+    def _layers(self, view, cache_len: int, input_ids=None, inputs_embeds=None):
+        """Run the target's base model with some of its layers (`view`: `base_running`) on new tokens after
+        `cache_len` cached ones (batch 1, causal); returns (hidden states entering the final norm, final-norm output)."""
         x = input_ids if input_ids is not None else inputs_embeds
         n, device = x.shape[1], x.device
         target = self.model.target
@@ -129,16 +136,14 @@ class SharedCacheEarlyExit(Drafter):
         allowed = torch.ones(n, cache_len + n, dtype=torch.bool, device=device).tril(cache_len)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
         positions = torch.arange(cache_len, cache_len + n, device=device)[None]
-        base, attr = self.model.base, self.model.layers_attr
-        captured = []
-        hook = base.norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-        all_layers = base._modules[attr]
-        base._modules[attr] = nn.ModuleList(layers)
+        captured, thread = [], threading.get_ident()
+        # (a hook is the module's, for every thread: keep this thread's forward only)
+        hook = view.norm.register_forward_pre_hook(
+            lambda module, args: captured.append(args[0]) if threading.get_ident() == thread else None)
         try:
-            out = base(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
-                       position_ids=positions, **{cache_keyword(base): self.shared.cache}, use_cache=True)
+            out = view(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask[None, None],
+                       position_ids=positions, **{cache_keyword(view): self.shared.cache}, use_cache=True)
         finally:
-            base._modules[attr] = all_layers
             hook.remove()
         return captured[0], out.last_hidden_state
 
@@ -149,9 +154,9 @@ class SharedCacheEarlyExit(Drafter):
         block = row[:, cached:]  # the uncached tokens: the prompt at first, then the target's last token
         fed, hidden = 0, []
         head = self.model.target.get_output_embeddings()
-        drafting = Drafting(self.settings, [seqs.full(0)], row.device)
+        drafting = Drafting(self.settings, seqs, row.device)
         for i in range(max_tokens):
-            h, normed = self._layers(self.model.early_layers, cached + fed, input_ids=block)
+            h, normed = self._layers(self.model.early_base, cached + fed, input_ids=block)
             fed += block.shape[1]
             hidden.append(h)
             if not drafting.step(head(normed[:, -1]).float()):
@@ -168,10 +173,10 @@ class SharedCacheEarlyExit(Drafter):
         done = 0 if self.early_hidden is None else self.early_hidden.shape[1]
         parts = [] if self.early_hidden is None else [self.early_hidden]
         if done < new_ids.shape[1]:
-            parts.append(self._layers(self.model.early_layers, cached + done, input_ids=new_ids[:, done:])[0])
+            parts.append(self._layers(self.model.early_base, cached + done, input_ids=new_ids[:, done:])[0])
         self.early_hidden = None
         with verifying(target.fast):
-            _, normed = self._layers(self.model.late_layers, cached, inputs_embeds=torch.cat(parts, dim=1))
+            _, normed = self._layers(self.model.late_base, cached, inputs_embeds=torch.cat(parts, dim=1))
             logits = self.model.target.get_output_embeddings()(normed[:, -(draft.num_tokens + 1) :])
         target.append_slots(torch.ones(new_ids.shape, dtype=torch.bool))
         return logits.float()
