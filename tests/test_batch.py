@@ -217,3 +217,19 @@ def test_a_candidate_generator_keeps_one_rows_state_per_row():
     plain = target.generate(ids, attention_mask=mask, pad_token_id=PAD, max_new_tokens=6, do_sample=False)
     assert torch.equal(out, plain)
     assert len(seen) == 3 and all(len(starts) == 1 for starts in seen.values()), seen
+
+
+@pytest.mark.parametrize("assistant", ["draft model", "layers:1"])
+def test_a_draft_model_applies_each_rows_own_processors_in_a_batch(assistant):
+    """A draft model shapes its drafts with the target's processors row by row; a processor holding a value per row
+    of the caller's batch (the repetition penalty's prompt lengths) must be given that row's (a batch crashed with
+    'Incompatible `prompt_ignore_length` batch size', found by the soak of issue 44)."""
+    target = tiny_llama()
+    drafter = perturbed_copy(target) if assistant == "draft model" else assistant
+    ids, mask = left_pad(random_prompts(3, seed=31, min_len=3, max_len=12))
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, repetition_penalty=1.3, pad_token_id=PAD)
+    stats = SpeculationStats()
+    out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3,
+                          speculation_stats=stats, draft_length="constant", **kwargs)
+    assert torch.equal(out, target.generate(ids, **kwargs))
+    assert stats.drafted_tokens > 0

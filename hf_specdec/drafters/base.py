@@ -28,8 +28,10 @@ import copy
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from ..generation.processors import for_rows
 from ..tree import Tree
 from ..errors import InputError
 
@@ -125,8 +127,12 @@ class Drafting:
     is read on the host only when a threshold is set (one look per drafted token).
     """
 
-    def __init__(self, settings: DraftSettings, rows: list[torch.Tensor], device):
+    def __init__(self, settings: DraftSettings, seqs, device):
+        rows = [seqs.full(b) for b in range(seqs.size)]
         self.settings, self.rows = settings, rows  # rows: the sequences as the target's processors see them
+        # each row's processors: one that holds a value per row of the caller's batch holds this row's
+        self.processors = [LogitsProcessorList(for_rows(p, [seqs.index[b]]) for p in settings.logits_processor)
+                           for b in range(len(rows))] if settings.logits_processor else None
         self.stops = settings.confidence_threshold is not None
         self.drafting = torch.ones(len(rows), dtype=torch.bool, device=device)
         self.still = torch.ones(len(rows), dtype=torch.bool)  # host copy of `drafting`
@@ -139,9 +145,9 @@ class Drafting:
     def step(self, scores: torch.Tensor) -> bool:
         """Choose each row's next draft from its `scores` [B, V]; False when every row has stopped."""
         settings = self.settings
-        if settings.logits_processor:
+        if self.processors:
             scores = torch.cat([
-                settings.logits_processor(torch.cat([row, *[t[b : b + 1] for t in self.tokens]])[None], scores[b : b + 1])
+                self.processors[b](torch.cat([row, *[t[b : b + 1] for t in self.tokens]])[None], scores[b : b + 1])
                 for b, row in enumerate(self.rows)
             ])
         may_stop = self.stops and bool(self.tokens)

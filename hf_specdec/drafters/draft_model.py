@@ -74,7 +74,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, seqs, max_tokens):
         block, valid, last, width = self._catch_up(seqs)
         everyone = torch.arange(seqs.size, device=block.device)
-        drafting = Drafting(self.settings, [seqs.full(b) for b in range(seqs.size)], block.device)
+        drafting = Drafting(self.settings, seqs, block.device)
         for i in range(max_tokens):
             logits = self.kv.forward(block, width, valid=valid)
             if not drafting.step(logits[everyone, last]):

@@ -92,7 +92,7 @@ class EagleDrafter(Drafter):
         everyone = torch.arange(batch, device=block.device)
 
         # 2. Draft ahead, feeding back the drafter's own hidden state as the feature.
-        drafting = Drafting(self.settings, [seqs.full(b) for b in range(batch)], block.device)
+        drafting = Drafting(self.settings, seqs, block.device)
         own_slots = [0] * batch
         for i in range(max_tokens):
             if not drafting.step(logits[everyone, last]):

@@ -85,7 +85,7 @@ class PositionChain:
         return max_tokens, min(max_tokens, num_positions)
 
     def draft(self, logits: torch.Tensor, settings, seqs, max_tokens: int) -> Draft:
-        drafting = Drafting(settings, [seqs.full(b) for b in range(seqs.size)], logits.device)
+        drafting = Drafting(settings, seqs, logits.device)
         for i in range(logits.shape[1]):  # position i's token; rows stop at a position less confident than the threshold
             if not drafting.step(logits[:, i]):
                 break
