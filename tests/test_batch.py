@@ -233,3 +233,22 @@ def test_a_draft_model_applies_each_rows_own_processors_in_a_batch(assistant):
                           speculation_stats=stats, draft_length="constant", **kwargs)
     assert torch.equal(out, target.generate(ids, **kwargs))
     assert stats.drafted_tokens > 0
+
+
+def test_a_convolution_target_decodes_a_batch_row_by_row_and_scores_need_batch_1():
+    """LFM2's convolution layers read each row's newest cache slots, where a batched step leaves holes: its batches
+    decode one row at a time (refused before issue 44), equal to plain batched generate(). Scores at batch > 1 are
+    refused with the reason, before any forward."""
+    from benchmarks.architectures import build
+
+    target = build("lfm2")
+    ids, mask = left_pad(random_prompts(3, vocab=100, seed=17, min_len=3, max_len=12))
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD)
+    stats = SpeculationStats()
+    out = target.generate(ids, custom_generate=speculative_generate, assistant=perturbed_copy(target),
+                          num_draft_tokens=3, speculation_stats=stats, **kwargs)
+    assert torch.equal(out, target.generate(ids, **kwargs))
+    assert_speculated(stats, rows=2)
+    with pytest.raises(ValueError, match="need batch 1 .* scores finished rows on padding"):
+        target.generate(ids, custom_generate=speculative_generate, assistant="ngram", return_dict_in_generate=True,
+                        output_scores=True, **kwargs)
