@@ -132,7 +132,7 @@ def drafter_for(name: str, target, noisy):
             return SpecDrafterForCausalLM(drafter_config_from_target(
                 target.config, num_hidden_layers=1, target_feature_input=True)).eval()
         if name == "eagle3":
-            return Eagle3DraftModel(Eagle3Config.from_target(target.config)).eval().bind_target(target)
+            return Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0)).eval().bind_target(target)
         config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=0, layer_ids=[1, 1, layers], block_size=3)
         return BlockDrafterModel(config).eval().bind_target(target)
     if name == "candidate generator":
@@ -255,8 +255,13 @@ def summary(results: list[dict]) -> dict:
     for r in results:
         if r["status"] == "refused":
             refusals[r["reason"][:120]] = refusals.get(r["reason"][:120], 0) + 1
+    invalid: dict = {}
+    for r in results:
+        if r["status"] == "invalid":
+            invalid[r["reason"][:100]] = invalid.get(r["reason"][:100], 0) + 1
     spec = [r for r in results if r["status"] == "identical"]
-    return {"cases": len(results), "counts": counts, "refusals": refusals,
+    return {"cases": len(results), "counts": counts, "refusals": refusals, "invalid": invalid,
+            "valid_cases": len(results) - counts.get("invalid", 0),
             "identical_with_drafts_accepted": sum(1 for r in spec if r.get("accepted")),
             "by_architecture": {a: sum(1 for r in results if r["architecture"] == a) for a in ARCHITECTURES},
             "by_drafter": {d: sum(1 for r in results if r["drafter"] == d) for d in DRAFTERS}}
