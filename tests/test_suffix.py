@@ -337,3 +337,23 @@ def test_warm_from_a_jsonl_of_earlier_answers(tmp_path):
     index = SuffixIndex()
     assert index.add_jsonl(tmp_path / "answers.jsonl", tokenizer) == 2
     assert index.num_documents == 2 and index.num_tokens == 9
+
+
+def test_every_index_is_sorted_on_one_builder_thread(monkeypatch):
+    """Additions from many threads sort on one thread: the sorts' large temporary arrays then stay in one allocator
+    arena (sorted on each serving thread, resident memory grew with the number of threads: benchmarks/soak.py)."""
+    from hf_specdec.drafters import suffix
+
+    built_on = []
+    original = suffix.SuffixArray.__init__
+    monkeypatch.setattr(suffix.SuffixArray, "__init__",
+                        lambda self, *a: built_on.append(threading.get_ident()) or original(self, *a))
+    indexes = [SuffixIndex(), SuffixIndex()]
+    callers = [threading.Thread(target=indexes[i % 2].add, args=([i, 1, 2, 3],)) for i in range(6)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert len(built_on) >= 6 and len(set(built_on)) == 1
+    assert built_on[0] not in {t.ident for t in callers} | {threading.get_ident()}
+    assert indexes[0].num_documents == indexes[1].num_documents == 3

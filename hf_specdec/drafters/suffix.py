@@ -27,6 +27,7 @@ Memory: the index keeps its tokens and their suffix array, 8 bytes per token (in
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import heapq
 import json
@@ -66,6 +67,20 @@ def suffix_order(tokens: np.ndarray, depth: int) -> np.ndarray:
             break
         k *= 2
     return order.astype(np.int32)
+
+
+_BUILDER: list = []  # the one thread that sorts every index's arrays (made at the first addition)
+_BUILDER_LOCK = threading.Lock()
+
+
+def on_builder_thread(build):
+    """`build()`, run on one thread kept for it and waited for. A sort's temporary arrays (several times the index's
+    size) then come from that thread's allocator arena alone: sorted on every serving thread, each arena would keep
+    its own high-water mark, and resident memory would grow with the number of threads."""
+    with _BUILDER_LOCK:
+        if not _BUILDER:
+            _BUILDER.append(concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf_specdec-suffix"))
+    return _BUILDER[0].submit(build).result()
 
 
 class SuffixArray:
@@ -174,8 +189,8 @@ class SuffixIndex:
                 self._recent_docs = []
                 while len(self._large_docs) > 1 and sum(len(d) for d in self._large_docs) > self.max_tokens:
                     self._large_docs.pop(0)  # the oldest first
-            self.arrays = tuple(SuffixArray(self._concat(docs), self.depth)
-                                for docs in (self._large_docs, self._recent_docs) if docs)
+            parts = [docs for docs in (self._large_docs, self._recent_docs) if docs]
+            self.arrays = on_builder_thread(lambda: tuple(SuffixArray(self._concat(docs), self.depth) for docs in parts))
 
     @staticmethod
     def _concat(docs: list[np.ndarray]) -> np.ndarray:
