@@ -26,7 +26,7 @@ def test_every_refusal_the_fuzz_accepts_is_one_the_readme_lists():
 
 def test_random_generate_options_decode_exactly_or_are_refused_as_listed(targets, one_thread):
     warnings.filterwarnings("ignore")
-    results = [fuzz.run_case(i, 0, targets, {}) for i in range(300)]
+    results = [fuzz.run_case(i, 0, targets) for i in range(300)]
     failures = [r for r in results if r["status"] not in ("identical", "refused", "invalid")]
     assert not failures, failures
     summary = fuzz.summary(results)
@@ -53,5 +53,5 @@ def test_the_fuzz_catches_a_wrong_acceptance_rule(targets, monkeypatch, one_thre
 
     monkeypatch.setattr(validate.GreedyRule, "accept", one_too_many)
     warnings.filterwarnings("ignore")
-    results = [fuzz.run_case(i, 0, targets, {}) for i in range(20)]
+    results = [fuzz.run_case(i, 0, targets) for i in range(20)]
     assert sum(r["status"].startswith("DIFFERENT") for r in results) >= 3, [r["status"] for r in results]

@@ -357,3 +357,17 @@ def test_every_index_is_sorted_on_one_builder_thread(monkeypatch):
     assert len(built_on) >= 6 and len(set(built_on)) == 1
     assert built_on[0] not in {t.ident for t in callers} | {threading.get_ident()}
     assert indexes[0].num_documents == indexes[1].num_documents == 3
+
+
+def test_a_forked_child_builds_its_index_on_a_builder_thread_of_its_own():
+    """After a fork (a server's worker processes) the parent's builder thread is gone: the child makes its own instead
+    of waiting forever on the parent's."""
+    import multiprocessing
+
+    SuffixIndex().add([1, 2, 3, 4])  # the parent's builder thread exists now
+    child = multiprocessing.get_context("fork").Process(target=SuffixIndex().add, args=([5, 6, 7, 8],))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0

@@ -31,6 +31,7 @@ import concurrent.futures
 import dataclasses
 import heapq
 import json
+import os
 import threading
 from dataclasses import dataclass
 
@@ -81,6 +82,10 @@ def on_builder_thread(build):
         if not _BUILDER:
             _BUILDER.append(concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf_specdec-suffix"))
     return _BUILDER[0].submit(build).result()
+
+
+# a forked child (a server's worker processes) has no builder thread: it makes its own
+os.register_at_fork(after_in_child=_BUILDER.clear)
 
 
 class SuffixArray:
