@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria, TextStreamer
+from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList, StopStringCriteria, TextStreamer
 
 import hf_specdec
 from hf_specdec import SpeculationStats, SpeculativeDecoderOnlyOutput, speculative_generate
@@ -114,19 +114,22 @@ def test_outputs_and_cache_usable_after_the_call(pair, stats, cache_implementati
     and its cache must carry on under a plain generate() exactly as plain decoding's own cache does."""
     target, drafter = pair
     prompt = PROMPTS[2]
-    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True,
-                  cache_implementation=cache_implementation)
-    plain = target.generate(prompt, **kwargs)
-    out = spec(target, drafter, prompt, stats=stats, **kwargs)
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True)
+
+    def first_cache():  # a static cache generate() makes is sized by its first call (full after it, from 5.25): the
+        # caller makes one with room to carry on, as a chat server does
+        return {CACHE: StaticCache(config=target.config, max_cache_len=64)} if cache_implementation == "static" else {}
+
+    plain = target.generate(prompt, **kwargs, **first_cache())
+    out = spec(target, drafter, prompt, stats=stats, **kwargs, **first_cache())
     assert torch.equal(out.sequences, plain.sequences)
+    assert isinstance(out.past_key_values, StaticCache if cache_implementation == "static" else DynamicCache)
     assert not out.sequences.is_inference() and not any(s.is_inference() for s in out.scores)
     out.sequences[0, -1] += 0  # in place, as a caller may
     # continue both from their own caches with plain greedy decoding: the same tokens
     follow = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
-    if cache_implementation == "static":  # a static cache is sized by its first call
-        follow["max_new_tokens"] = 3
-    again_plain = target.generate(plain.sequences, past_key_values=plain.past_key_values, **follow)
-    again_spec = target.generate(out.sequences, past_key_values=out.past_key_values, **follow)
+    again_plain = target.generate(plain.sequences, **{CACHE: plain.past_key_values}, **follow)
+    again_spec = target.generate(out.sequences, **{CACHE: out.past_key_values}, **follow)
     assert torch.equal(again_spec.sequences, again_plain.sequences)
     assert_speculated(stats, depth=2)
 
