@@ -103,8 +103,11 @@ def shrink(config) -> None:
         config.embedding_dim = SHRINK["hidden_size"]
     if _get(config, "axial_pos_embds_dim"):  # reformer: the axial embeddings add up to the width
         config.axial_pos_embds_dim = (SHRINK["hidden_size"] // 2,) * 2
-    if config.model_type == "lfm2_moe" and _get(config, "layer_types") is None:  # its default leaves them to checkpoints
+    if config.model_type in ("lfm2", "lfm2_moe") and "conv" not in (_get(config, "layer_types") or []):
+        # their defaults leave the layer kinds to checkpoints (LFM2's from transformers 5.25: every layer attention)
         config.layer_types = ["conv", "full_attention"]
+        if _get(config, "full_attn_idxs") is not None:
+            config.full_attn_idxs = [1]
     layer_types = _get(config, "layer_types")
     per_layer = [n for n, v in vars(config).items()  # other lists with one entry per layer (inkling's MLP kinds)
                  if n != "layer_types" and isinstance(v, list) and isinstance(layer_types, list) and len(v) == len(layer_types)]

@@ -246,7 +246,7 @@ def test_a_convolution_target_decodes_a_batch_row_by_row_and_scores_need_batch_1
     kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD)
     stats = SpeculationStats()
     out = target.generate(ids, custom_generate=speculative_generate, assistant=perturbed_copy(target),
-                          num_draft_tokens=3, speculation_stats=stats, **kwargs)
+                          num_draft_tokens=3, speculation_stats=stats, draft_length="constant", **kwargs)
     assert torch.equal(out, target.generate(ids, **kwargs))
     assert_speculated(stats, rows=2)
     with pytest.raises(ValueError, match="need batch 1 .* scores finished rows on padding"):
