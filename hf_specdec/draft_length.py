@@ -1,6 +1,6 @@
-"""How many tokens to draft at each step: a constant, or chosen from what this run has measured.
+"""How many tokens to draft at each step: a constant, or chosen from what the run has seen.
 
-`num_draft_tokens` is always the cap. The adaptive policy picks, before each step, the draft length k in [0, cap]
+`num_draft_tokens` is always the cap. The adaptive policies pick, before each step, the draft length k in [0, cap]
 that maximises expected tokens per second:
 
     E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k        (tokens a step emits; a_i = P(draft i accepted | i-1 was))
@@ -8,14 +8,19 @@ that maximises expected tokens per second:
 
 with a_i counted from the accepted prefixes so far (a position's recent trials weigh more; apart after a fully accepted
 step, as acceptance comes in runs; a drafter's stop on low confidence counts as a miss, since a_i must be what asking
-for i drafts yields) and both times measured on the steps themselves. k = 0 is a plain decoding step, so a
-drafter that does not pay costs little; now and then the policy tries a length next to its choice when that length is
-nearly as good, so that close calls follow the text and the machine. Drafters that know their confidence (draft
-models, Medusa chains, EAGLE-style and self-speculative drafters) also stop a step early when their top probability
-falls below `confidence_threshold`; that decision depends only on the drafter's distribution before a token is drawn,
-and the length choice only on past steps, so sampling stays exact — but since step lengths depend on measured times,
-a fixed seed no longer reproduces the same sample (use the default constant length for that). "adaptive" keeps what it learned for the same assistant object,
-target and batch size across `generate()` calls; or pass your own `AdaptiveDraftLength()` object.
+for i drafts yields). k = 0 is a plain decoding step, so a drafter that does not pay costs little; now and then the
+policy tries a length next to its choice when that length is nearly as good, so that close calls follow the text.
+Drafters that know their confidence (draft models, Medusa chains, EAGLE-style and self-speculative drafters) also stop
+a step early when their top probability falls below `confidence_threshold`; that decision depends only on the
+drafter's distribution before a token is drawn, and the length choice only on past steps, so sampling stays exact.
+
+- `AdaptiveDraftLength` ("adaptive", the default for greedy decoding of one sequence) times both parts of T on the
+  steps themselves and keeps what it learned for the same assistant, target and batch size across calls: it follows
+  the machine, but lengths that follow measured times make a seeded sample differ from run to run.
+- `CalibratedDraftLength` ("calibrated", the default for sampling and batches) prices T in advance (verification
+  measured once per target, batch size and machine: `step_costs.py`; drafting from the drafter's size:
+  `Drafter.draft_cost`) and counts a_i per batch row within the call: the same seed, prompt and drafter give the same
+  lengths, so the same sample.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class StepOutcome:
     draft_seconds: float  # drafting time
     step_seconds: float  # the whole step: drafting, the verification forward, acceptance and roll-back
     tree_paths: list[list[int]] | None = None  # a tree step: each row's accepted nodes (None: a chain step)
+    rows: list[int] | None = None  # the caller's index of each row above (None: 0, 1, ...)
+    next_rows: list[int] | None = None  # the caller's rows the next step decodes (those that did not finish)
 
 
 class DraftLengthPolicy:
@@ -55,6 +62,9 @@ class DraftLengthPolicy:
 
     def update(self, outcome: StepOutcome) -> None:
         pass
+
+    def calibrate(self, model, drafter, batch_size: int, cap: int, fast_cpu_verify: bool) -> None:
+        """Before `start`: the target, the call's drafter and batch size, for a policy that prices steps in advance."""
 
     def verify_cost(self, k: int) -> float | None:
         """Seconds a step verifying k drafts costs as measured in this run, drafting aside, or None (nothing measured:
@@ -104,13 +114,16 @@ class ChainAcceptance:
                 accepted[i] = self.decay * accepted[i] + int(i < ok)
         self.in_run = all(a == d for d, a in rows)
 
-    def expected(self, cap: int) -> list[float]:
+    def expected(self, cap: int, prior: list[float] | None = None) -> list[float]:
         """E(k) for k = 0..cap in the current state (after a fully accepted step, a rejection, or a plain step, which
         uses the pooled counts alone). a_i is the state's own count pulled (two pseudo-steps) towards both states'
-        pooled estimate, which in turn falls back (one pseudo-step) on the previous position's: positions rarely
-        tried borrow from their neighbours, not from an optimistic guess."""
+        pooled estimate, which in turn falls back (one pseudo-step) on the previous position's, or on `prior[i]` (a
+        batch's pooled a_i, for one of its rows): positions rarely tried borrow from their neighbours, not from an
+        optimistic guess."""
         expected, reach, pooled = [1.0], 1.0, 0.5
         for i in range(cap):
+            if prior is not None:
+                pooled = prior[i]
             own_d, own_a, all_d, all_a = 0.0, 0.0, 0.0, 0.0
             for state in (True, False, None):
                 d, a = self.drafted[state], self.accepted[state]
@@ -122,6 +135,42 @@ class ChainAcceptance:
             reach *= (own_a + 2 * pooled) / (own_d + 2)
             expected.append(expected[-1] + reach)
         return expected
+
+    def rates(self, cap: int) -> list[float]:
+        """a_i for i = 1..cap (see `expected`)."""
+        expected = self.expected(cap)
+        return [(expected[i + 1] - expected[i]) / max(expected[i] - expected[i - 1], 1e-9) if i else expected[1] - 1
+                for i in range(cap)]
+
+
+@dataclass
+class RowAcceptance:
+    """a_i per row of a batch (one row may be copying code while another writes prose: the product of pooled rates
+    would undervalue the first and overvalue the second), each row's counts pulled towards the batch's pooled ones.
+    Its E(k) is the batch's: the sum of its rows' (tokens per step, all rows)."""
+
+    decay: float = 0.95
+    pooled: ChainAcceptance = None
+    rows: dict = field(default_factory=dict)  # the caller's row index -> its ChainAcceptance
+    current: list[int] | None = None  # the rows the next step decodes (None: before the first step)
+
+    def __post_init__(self):
+        self.pooled = self.pooled or ChainAcceptance(self.decay)
+
+    def record(self, outcome: StepOutcome) -> None:
+        tried, accepted = ([x] if isinstance(x, int) else x for x in (outcome.num_tried, outcome.num_accepted))
+        self.pooled.record_prefixes(tried, accepted)
+        for row, d, a in zip(outcome.rows or range(len(tried)), tried, accepted):
+            self.rows.setdefault(row, ChainAcceptance(self.decay)).record_prefixes(d, a)
+        self.current = outcome.next_rows
+
+    def expected(self, cap: int) -> list[float]:
+        if not self.current or len(self.rows) <= 1:
+            return self.pooled.expected(cap)  # (one row: its own counts are the pooled ones)
+        prior = self.pooled.rates(cap)
+        rows = [self.rows.get(b) for b in self.current]
+        each = [row.expected(cap, prior) if row else self.pooled.expected(cap) for row in rows]
+        return [sum(e[k] for e in each) / len(each) for k in range(cap + 1)]
 
 
 @dataclass
@@ -280,6 +329,37 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return verify
 
 
+@dataclass
+class CalibratedDraftLength(AdaptiveDraftLength):
+    """The same choice as `AdaptiveDraftLength`, made from nothing that varies from run to run: acceptance by position
+    and by row as this call counts it (it starts afresh at every call), verification costs measured once per target,
+    batch size and machine before the call (`step_costs.py`), and drafting priced from the drafter's size
+    (`Drafter.draft_cost`). The same seed, prompt and drafter give the same lengths, so the same sample, on this
+    machine; per row in batches, where a drafted width costs every row a slot."""
+
+    confidence_threshold: float | None = 0.3
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.chain = self.acceptance = RowAcceptance(self.decay)
+
+    def calibrate(self, model, drafter, batch_size: int, cap: int, fast_cpu_verify: bool) -> None:
+        from .step_costs import verify_seconds
+
+        self.verify_seconds = self.shape = verify_seconds(model, batch_size, cap + 1, fast_cpu_verify)
+        self.level = 1.0
+        self.draft_seconds_per_token = drafter.draft_cost(model) * self.verify_seconds[1]
+
+    def start(self, cap: int) -> None:
+        super().start(cap)
+        self.chain = self.acceptance = RowAcceptance(self.decay)  # every call afresh: its rows are its own
+        self.tree, self.steps = TreeAcceptance(self.decay), 0
+
+    def update(self, outcome: StepOutcome) -> None:
+        self.acceptance = self.chain if outcome.tree_paths is None else self.tree
+        self.acceptance.record(outcome)  # (costs stay as calibrated)
+
+
 #: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object), target and batch
 #: size, so that later calls start from it; weak on the drafter and on the target, so that a new model never takes
 #: over a collected one's entry (as a key of id(model) let it, once the id was reused)
@@ -291,13 +371,14 @@ _IN_USE: set[int] = set()  # ids of the kept policies a call is deciding with ri
 @contextlib.contextmanager
 def policy_for_call(value, learner, model, batch_size: int, sampling: bool = False, drafter_sizes: bool = False):
     """The policy a `generate()` call uses. `None` (the default) is "adaptive" for greedy decoding of one sequence, the
-    fastest measured there (BENCHMARKS.md), and "constant" for sampling (so that a fixed seed reproduces its sample)
-    and for batches (where n-gram lookup's long copies, which a constant cap lets through, measured faster).
+    fastest measured there (BENCHMARKS.md), and "calibrated" for sampling (so that a fixed seed reproduces its sample)
+    and for batches (where a drafted width costs every row: the policy drafts nothing when that does not pay); each
+    "calibrated" call starts afresh.
     "adaptive" starts from what `learner`'s previous calls on this target and batch size learned: the kept policy
     itself, or, while another call (thread) decides with it, a copy of it; whichever call ends last leaves its policy
     as the one kept, under a lock. `drafter_sizes`: the drafter sizes its drafts itself (`Drafter.sizes_own_drafts`)."""
     if value is None:
-        value = "adaptive" if batch_size == 1 and not sampling else "constant"
+        value = "adaptive" if batch_size == 1 and not sampling else "calibrated"
     if value != "adaptive":
         yield as_draft_length_policy(value)
         return
@@ -324,9 +405,11 @@ def as_draft_length_policy(value):
         return ConstantDraftLength()
     if value == "adaptive":
         return AdaptiveDraftLength()
+    if value == "calibrated":
+        return CalibratedDraftLength()
     if isinstance(value, DraftLengthPolicy):
         return value
     raise InputError(
-        f"draft_length must be 'constant', 'adaptive' or a DraftLengthPolicy (start / next_length / update), got "
+        f"draft_length must be 'constant', 'adaptive', 'calibrated' or a DraftLengthPolicy (start / next_length / update), got "
         f"{value!r}."
     )

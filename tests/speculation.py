@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hf_specdec import MedusaConfig, MedusaHeads
-from hf_specdec.draft_length import AdaptiveDraftLength
+from hf_specdec.draft_length import AdaptiveDraftLength, CalibratedDraftLength
 from hf_specdec.drafters import CrossTokenizerDrafter, EagleDrafter
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import entering_layers, final_norm
@@ -74,6 +74,25 @@ class ScriptedCosts(AdaptiveDraftLength):
         draft, verify, per_token = self.costs
         tried = num_drafted if num_tried is None else num_tried
         super().record_costs(num_drafted, draft * tried, verify + per_token * (num_drafted + 1), num_tried=num_tried)
+
+
+class ScriptedCalibration(CalibratedDraftLength):
+    """The calibrated policy, handed made-up costs (as `ScriptedCosts`) instead of measuring the target: drafting
+    pays, and the lengths it chooses depend on acceptance alone. Records every length it chose in `chosen`."""
+
+    def __init__(self, draft: float = 0.002, verify: float = 0.1, per_token: float = 0.005, **kwargs):
+        super().__init__(**kwargs)
+        self.costs = (draft, verify, per_token)
+        self.chosen: list[int] = []
+
+    def calibrate(self, model, drafter, batch_size, cap, fast_cpu_verify):
+        draft, verify, per_token = self.costs
+        self.verify_seconds = self.shape = {n: verify + per_token * n for n in range(1, cap + 2)}
+        self.level, self.draft_seconds_per_token = 1.0, draft
+
+    def next_length(self) -> int:
+        self.chosen.append(super().next_length())
+        return self.chosen[-1]
 
 
 def assert_adapted(policy: ScriptedCosts) -> None:

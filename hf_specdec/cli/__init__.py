@@ -28,6 +28,14 @@ def _lengths(text: str) -> list[int]:
     return lengths
 
 
+def _policies(text: str) -> tuple[str, ...]:
+    policies = tuple(text.split(","))
+    unknown = [p for p in policies if p not in ("adaptive", "calibrated", "default")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"draft-length policies are adaptive, calibrated or default, got {unknown[0]!r}")
+    return policies
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -179,7 +187,8 @@ def bench_command(args) -> int:
         num_draft_tokens=args.num_draft_tokens[0] if len(args.num_draft_tokens) == 1 else args.num_draft_tokens,
         do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, target_name=args.target or "default",
-        batch_size=args.batch_size, adaptive=args.adaptive, compile_drafter=args.compile_drafter,
+        batch_size=args.batch_size, adaptive=args.adaptive, policies=args.draft_lengths,
+        compile_drafter=args.compile_drafter,
         static_plain=args.static_plain,
     )
     report["settings"]["prompts"] = args.prompts
@@ -237,9 +246,10 @@ def main(argv=None) -> int:
     p.add_argument("--assistant", default=None, help="drafter (default: the best the project has)")
     p.add_argument("--max-new-tokens", type=_positive, default=160)
     p.add_argument("--num-draft-tokens", type=_positive, default=None, help="draft length cap (default: the drafter's)")
-    p.add_argument("--draft-length", choices=("adaptive", "constant"), default="adaptive",
+    p.add_argument("--draft-length", choices=("adaptive", "calibrated", "constant"), default="adaptive",
                    help="adaptive: each step drafts as many tokens as the measured costs say pay (up to the cap), "
-                        "or none; constant: always the cap (default: adaptive)")
+                        "or none; calibrated: the same from costs measured before the call (a seed reproduces its "
+                        "sample); constant: always the cap (default: adaptive)")
     p.add_argument("--rounds", type=_positive, default=2,
                    help="timed rounds of plain and speculative decoding, in turn (the report gives the median)")
     p.add_argument("--threads", type=_positive, default=None)
@@ -264,6 +274,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=_positive, default=1, help="prompts decoded together (left-padded)")
     p.add_argument("--adaptive", action="store_true",
                    help="also run hf_specdec with draft_length='adaptive' (capped at the largest --num-draft-tokens)")
+    p.add_argument("--draft-lengths", type=_policies, default=(),
+                   help="also run hf_specdec with these draft-length policies, a comma list of adaptive, calibrated and "
+                        "default (what a call gets without draft_length), capped at the largest --num-draft-tokens")
     p.add_argument("--compile-drafter", action="store_true",
                    help="also run each draft-model row with compile_drafter=True (its warm-up compiles)")
     p.add_argument("--static-plain", action="store_true",

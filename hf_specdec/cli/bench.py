@@ -177,10 +177,13 @@ def run_bench(
     max_prompt_tokens: int = 1024,
     batch_size: int = 1,
     adaptive: bool = False,
+    policies: tuple[str, ...] = (),
     compile_drafter: bool = False,
     static_plain: bool = False,
 ) -> dict:
     """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`);
+    `adaptive` / `policies`: also a row per drafter for each of these draft-length policies ("adaptive", "calibrated",
+    "default": what a call gets without `draft_length`), capped at the largest length;
     `compile_drafter`: each row of a drafter with a draft model gets a twin with its forward compiled; `static_plain`:
     a row of plain decoding in a static cache of one size for every prompt (transformers compiles its decoding step
     once, on a GPU)."""
@@ -206,8 +209,9 @@ def run_bench(
         for drafter_name, drafter in [("none", PlainDrafter()), *drafters]:
             prefix = "hf_specdec" if len(drafters) == 1 else f"hf_specdec {drafter_name}"
             methods = [(prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
-            if adaptive:
-                methods.append((f"{prefix} adaptive" if len(lengths) == 1 else f"{prefix} adaptive k<={cap}", "adaptive", cap))
+            for policy in (["adaptive"] if adaptive else []) + [p for p in policies if p != "adaptive" or not adaptive]:
+                methods.append((f"{prefix} {policy}" if len(lengths) == 1 else f"{prefix} {policy} k<={cap}",
+                                None if policy == "default" else policy, cap))
             if drafter_name == "none":
                 methods = [("hf_specdec, no drafts", "constant", 1)]
             twins = [False, True] if compile_drafter and drafter.compiles_model else [False]

@@ -246,6 +246,36 @@ class Drafter:
         """Size of the token space the drafter proposes in, or None when it proposes the target's own ids."""
         return None
 
+    def draft_cost(self, target_model) -> float:
+        """What drafting one more position costs, as a share of the target's forward of one token per row: the
+        "calibrated" draft-length policy prices drafts with it instead of timing them, so that its lengths depend on
+        nothing that varies from run to run. 0 here: a lookup on the host costs next to nothing (a drafter that runs
+        a model says so, with `share_of_target`)."""
+        return 0.0
+
+
+def share_of_target(target_model, *modules) -> float:
+    """The share of a one-token target forward that running `modules` costs, from their sizes: the larger of their
+    share of the target's weights (what bounds a small batch's matrix products) and of its linear layers (what bounds
+    a small model's forward, one kernel each)."""
+    def size(mods):
+        params = {id(p): p.numel() for m in mods for p in m.parameters()}
+        linears = {id(x) for m in mods for x in m.modules() if isinstance(x, torch.nn.Linear)}
+        return sum(params.values()), len(linears)
+
+    params, linears = size(modules)
+    all_params, all_linears = size([target_model])
+    return max(params / max(all_params, 1), linears / max(all_linears, 1))
+
+
+def borrowed_head(model, target_model) -> list:
+    """The target's LM head, when `model` borrows it (it is then none of the model's own parameters)."""
+    from ..models.borrowed import BorrowsFromTarget
+
+    own = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    borrowing = isinstance(model, BorrowsFromTarget) and not any(True for _ in (own.parameters() if own else []))
+    return [target_model.get_output_embeddings()] if borrowing else []
+
 
 class SequenceDrafter:
     """A drafter of one sequence at a time: implement `propose(input_ids [1, L], max_tokens) -> Draft`.
@@ -262,6 +292,10 @@ class SequenceDrafter:
 
     def propose(self, input_ids: torch.Tensor, max_tokens: int) -> Draft:
         raise NotImplementedError
+
+    def draft_cost(self, target_model) -> float:
+        """As `Drafter.draft_cost` (a sequence drafter with a model says so)."""
+        return 0.0
 
     def accepted(self, input_ids: torch.Tensor, num_accepted: int) -> None:
         """`input_ids` now ends with the accepted drafts plus the target's token."""
@@ -289,6 +323,10 @@ class CandidateGeneratorDrafter(SequenceDrafter):
         clone.__dict__.update(self.__dict__)
         clone.candidate_generator = copy.deepcopy(self.candidate_generator, shared)
         return clone
+
+    def draft_cost(self, target_model):
+        assistant = getattr(self.candidate_generator, "assistant_model", None)
+        return share_of_target(target_model, assistant) if isinstance(assistant, torch.nn.Module) else 0.0
 
     def propose(self, input_ids, max_tokens):
         candidate_ids, candidate_logits = self.candidate_generator.get_candidates(input_ids)

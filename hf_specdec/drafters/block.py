@@ -27,6 +27,9 @@ class BlockDrafter(PositionwiseDrafter, Eagle3Drafter):
         self.model = model.eval()
         PositionwiseDrafter.__init__(self, model.config.block_size, model.config.position_accuracy, tree)
 
+    def draft_cost(self, target_model):
+        return super().draft_cost(target_model) / self.model.config.block_size  # one forward drafts the block
+
     def position_logits(self, seqs, k):
         if not self.target_features.ready(seqs):
             return None

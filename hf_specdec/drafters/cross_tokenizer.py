@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..cache.keyword import cache_keyword
-from .base import Draft, SequenceDrafter
+from .base import Draft, SequenceDrafter, share_of_target
 
 
 def _special_prefix(tokenizer) -> list[int]:
@@ -87,6 +87,9 @@ class CrossTokenizerDrafter(SequenceDrafter):
 
     def vocab_size(self) -> int | None:
         return None  # proposes target token ids
+
+    def draft_cost(self, target_model):
+        return share_of_target(target_model, self.model)
 
     # --- per-call state ---
     def _reset_text_state(self) -> None:

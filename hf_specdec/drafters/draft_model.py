@@ -7,7 +7,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..cache.ragged import RaggedKV
 from ..models.borrowed import bind_if_borrowing
-from .base import Drafter, Drafting, check_device
+from .base import Drafter, Drafting, borrowed_head, check_device, share_of_target
 
 
 class DraftModelDrafter(Drafter):
@@ -34,6 +34,9 @@ class DraftModelDrafter(Drafter):
 
     def vocab_size(self) -> int:
         return self.model.config.get_text_config().vocab_size
+
+    def draft_cost(self, target_model):
+        return share_of_target(target_model, self.model, *borrowed_head(self.model, target_model))
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from ..cache.hidden import final_norm
 from ..cache.ragged import RaggedKV
 from ..models.spec_drafter import SpecDrafterForCausalLM
-from .base import Draft, Drafter, Drafting, check_device
+from .base import Draft, Drafter, Drafting, borrowed_head, check_device, share_of_target
 from .features import TargetFeatures
 
 
@@ -34,6 +34,9 @@ class EagleDrafter(Drafter):
 
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
+
+    def draft_cost(self, target_model):
+        return share_of_target(target_model, self.model, *borrowed_head(self.model, target_model))
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)

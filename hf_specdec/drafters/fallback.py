@@ -43,6 +43,9 @@ class FallbackDrafter(Drafter):
             raise InputError(f"The two drafters propose ids of different vocabularies ({sorted(sizes)}).")
         return sizes.pop() if sizes else None
 
+    def draft_cost(self, target_model):
+        return max(self.first.draft_cost(target_model), self.second.draft_cost(target_model))
+
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
         self.first.start(target, seqs, settings)

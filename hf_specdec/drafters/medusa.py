@@ -13,7 +13,7 @@ import torch
 
 from ..cache.hidden import final_norm
 from ..models.medusa import MedusaHeads
-from .base import check_device
+from .base import check_device, share_of_target
 from .features import TargetFeatures
 from .positionwise import PositionwiseDrafter
 
@@ -36,6 +36,10 @@ class MedusaDrafter(PositionwiseDrafter):
         self.heads.bind_target(target.model)
         self.target_features = TargetFeatures(target, [final_norm(target.model)], seqs.size)
 
+    def draft_cost(self, target_model):
+        head = target_model.get_output_embeddings() if self.heads.config.share_lm_head else self.heads.lm_heads[0]
+        return share_of_target(target_model, self.heads.heads[0], head)
+
     def accepted(self, seqs, verified):
         self.target_features.extend(verified)
 
@@ -47,4 +51,4 @@ class MedusaDrafter(PositionwiseDrafter):
             return None
         # the hidden state that chose each row's newest token
         last = torch.stack([f[n - 2] for f, n in zip(self.target_features.features, seqs.lengths())])  # [B, H]
-        return self.heads(last)[:, :k]
+        return self.heads(last, heads=list(range(min(k, self.heads.config.num_heads))))  # (only the heads asked for)

@@ -26,6 +26,9 @@ class PerRowDrafter(Drafter):
     def vocab_size(self):
         return self.inner.vocab_size()
 
+    def draft_cost(self, target_model):
+        return self.inner.draft_cost(target_model) if hasattr(self.inner, "draft_cost") else 0.0
+
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
         self.rows = []

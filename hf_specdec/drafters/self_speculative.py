@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 from ..cache.keyword import cache_keyword
 from ..cache.ragged import has_sliding_window, takes_4d_masks
 from ..cpu_matmul import verifying
-from .base import Drafter, Drafting
+from .base import Drafter, Drafting, share_of_target
 from .draft_model import DraftModelDrafter
 
 # architectures whose layer-L hidden states can re-enter the stack as `inputs_embeds` (no scaling, RoPE positions)
@@ -240,6 +240,10 @@ class SelfSpeculativeDrafter(Drafter):
             raise ValueError(f"num_layers={num_layers} exceeds the target's {total} decoder layers.")
         self.num_layers = num_layers
         return EarlyExitModel(target, base, layers_attr, num_layers)
+
+    def draft_cost(self, target_model):
+        model = self.early_exit_model(target_model)
+        return share_of_target(target_model, *model.early_layers, target_model.get_output_embeddings())
 
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)

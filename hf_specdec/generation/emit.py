@@ -41,7 +41,7 @@ class Stopper:
 def emit(run, step) -> None:
     """A step's tokens out: each row's block (cut at its stop) appended, the step recorded, finished rows dropped."""
     num_emitted, finished = append_blocks(run, step)
-    record(run, step, num_emitted)
+    record(run, step, num_emitted, finished)
     run.drafter.accepted(run.seqs, step.verified)  # every row, finished ones too: what the target said still informs
     drop_finished(run, finished)
 
@@ -67,7 +67,7 @@ def append_blocks(run, step) -> tuple[list[int], list[int]]:
     return num_emitted, finished
 
 
-def record(run, step, num_emitted: list[int]) -> None:
+def record(run, step, num_emitted: list[int], finished: list[int]) -> None:
     """The step into the call's statistics and into the draft-length policy."""
     run.stats.record_step(step.draft.depth_by_row(), step.num_accepted, num_emitted, run.seqs.index,
                           step.draft_seconds, step.target_seconds)
@@ -76,7 +76,8 @@ def record(run, step, num_emitted: list[int]) -> None:
     stopped = int(step.draft.stopped_early)
     run.policy.update(StepOutcome(shape.size, [d + stopped if d else 0 for d in step.draft.depth_by_row()], step.num_accepted,
                                   step.draft_seconds, step.draft_seconds + step.target_seconds,
-                                  None if shape.is_chain else step.paths))
+                                  None if shape.is_chain else step.paths, rows=list(run.seqs.index),
+                                  next_rows=[row for b, row in enumerate(run.seqs.index) if b not in finished]))
 
 
 def drop_finished(run, finished: list[int]) -> None:

@@ -42,8 +42,8 @@ class SpeculationOptions:
         `hf_specdec.assistants`).
     num_draft_tokens: the most drafts per step (None: the drafter's own default).
     speculation_stats: a `SpeculationStats` to accumulate into (None: a fresh one, returned with dict outputs).
-    draft_length: 'constant', 'adaptive' or a policy (`draft_length.py`); None: adaptive for greedy decoding of one
-        sequence, else constant; `num_draft_tokens` stays the cap.
+    draft_length: 'constant', 'adaptive', 'calibrated' or a policy (`draft_length.py`); None: adaptive for greedy
+        decoding of one sequence, else calibrated; `num_draft_tokens` stays the cap.
     fast_cpu_verify: the target's CPU matmul path for verification forwards (`cpu_matmul.py`).
     compile_drafter: run a draft model's forward through `torch.compile` (its first call compiles; see
         `DraftModelDrafter`).
@@ -178,6 +178,7 @@ def set_up(model, input_ids, logits_processor, stopping_criteria, generation_con
                          "without one: drop compile_drafter.")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    policy.calibrate(model, drafter, input_ids.shape[0], request.num_draft_tokens, options.fast_cpu_verify)
     policy.start(request.num_draft_tokens)
     seqs = Sequences(input_ids, attention_mask)
     target = RaggedKV(model, request.cache, input_ids.shape[0], options.fast_cpu_verify)

@@ -1,0 +1,141 @@
+"""What a verification forward costs on this machine, measured once per target and batch size before a call decodes,
+so that a draft-length policy can decide from the run's own outcomes alone (`CalibratedDraftLength`): a seed then
+reproduces its sample, which lengths timed during the call would not let it.
+
+A calibration times the target's forward of n new tokens per row (n = 1 ... the widths a step can verify) on a scratch
+cache of `CONTEXT` tokens, through the same CPU matmul path the loop verifies with, and keeps the fastest of a few
+repeats (noise on a shared machine only ever adds time). The result is kept for the process and in the cache folder
+(per CPU or GPU model, torch version, thread count, the target's shape and dtype), so that later processes on the same
+machine decide alike without measuring again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from .cache.keyword import cache_keyword
+from .cpu_matmul import routed, verifying
+
+CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
+REPEATS = 3  # timed forwards per width, after one untimed (a width's first forward may choose its matmul paths)
+
+_KEPT: dict[str, dict[int, float]] = {}  # machine-and-target key -> {tokens per row: seconds}
+_LOCK = threading.Lock()
+
+
+def verify_seconds(model, batch_size: int, widths: int, fast_cpu_verify: bool = True) -> dict[int, float]:
+    """Seconds of the target's forward of n tokens per row at `batch_size` rows, for n = 1 ... `widths` (every width
+    up to 9, then a sparser grid up to `widths`: the policy interpolates between them); measured the first time
+    they are asked for on this machine, then read back."""
+    fast = fast_cpu_verify and model.device.type == "cpu"
+    key = _key(model, batch_size, fast)
+    grid = _grid(widths)
+    with _LOCK:
+        known = _KEPT.get(key)
+        if known is None:
+            known = _KEPT[key] = _read(key)
+        missing = [n for n in grid if n not in known]
+        if missing:
+            known.update(_measure(model, batch_size, missing, fast))
+            _write(key, known)
+        return {n: known[n] for n in grid}
+
+
+def _grid(widths: int) -> list[int]:
+    """1 ... 9, then four widths per doubling (10, 12, 14, 16, 20, 24, ...), and `widths` itself."""
+    return [n for n in range(1, widths + 1) if n <= 9 or n == widths or n % (2 ** ((n - 1).bit_length() - 3)) == 0]
+
+
+@torch.no_grad()
+def _measure(model, batch_size: int, widths: list[int], fast: bool) -> dict[int, float]:
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 100
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, vocab, (batch_size, CONTEXT + max(widths)), generator=generator).to(model.device)
+    keyword = cache_keyword(model) or "cache"
+    cuda = model.device.type == "cuda"
+    seconds = {}
+    with routed(model, fast), verifying(fast), torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        cache.activate_past_recording()  # (so that a sliding-window layer can be cropped back too)
+        model(input_ids=ids[:, :CONTEXT], use_cache=True, **{keyword: cache})
+        for n in widths:
+            block = ids[:, CONTEXT : CONTEXT + n]
+            positions = torch.arange(CONTEXT, CONTEXT + n, device=model.device)[None].expand(batch_size, -1)
+            times = []
+            for repeat in range(REPEATS + 1):
+                if cuda:
+                    torch.cuda.synchronize(model.device)
+                start = time.perf_counter()
+                model(input_ids=block, position_ids=positions, use_cache=True, logits_to_keep=n, **{keyword: cache})
+                if cuda:
+                    torch.cuda.synchronize(model.device)
+                if repeat:
+                    times.append(time.perf_counter() - start)
+                cache.crop(-n)
+            seconds[n] = min(times)
+    return seconds
+
+
+def _key(model, batch_size: int, fast: bool) -> str:
+    config = model.config.to_json_string(use_diff=False)
+    shape = hashlib.sha256(f"{type(model).__name__}|{config}|{model.dtype}".encode()).hexdigest()[:16]
+    device = (torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else _cpu_name())
+    return re.sub(r"[^A-Za-z0-9.+|=-]+", "_", f"{device}|torch{torch.__version__}|threads={torch.get_num_threads()}|"
+                  f"fast={fast}|{shape}|batch={batch_size}")
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def costs_file() -> Path:
+    from .default_model import cache_dir
+
+    return cache_dir() / "step_costs.json"
+
+
+def _read(key: str) -> dict[int, float]:
+    try:
+        saved = json.loads(costs_file().read_text()).get(key, {})
+        return {int(n): float(s) for n, s in saved.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write(key: str, seconds: dict[int, float]) -> None:
+    path = costs_file()
+    try:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        saved[key] = {str(n): s for n, s in sorted(seconds.items())}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved, indent=0))
+        os.replace(tmp, path)  # atomically: a reader sees the old file or the new one
+    except OSError:
+        pass  # a read-only cache folder: this process keeps its own figures
+
+
+def forget() -> None:
+    """Drop what this process measured or read (tests; a machine whose load changed for good)."""
+    with _LOCK:
+        _KEPT.clear()
+
+
+__all__ = ["verify_seconds", "costs_file", "forget", "CONTEXT"]

@@ -1,0 +1,183 @@
+"""The calibrated draft-length policy (the default for sampling and batches): exact, and its lengths depend on the run's
+own outcomes only, so that a seed reproduces its sample however long each step happened to take."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate, step_costs
+from hf_specdec.draft_length import ChainAcceptance, RowAcceptance, StepOutcome
+from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
+from hf_specdec.generation import step
+from tests.conftest import perturbed_copy, random_prompts, tiny_llama
+from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.speculation import PAD, ScriptedCalibration, assert_adapted, assert_speculated, left_pad, lie_about_second_q
+from tests.test_sampling_exact import CONFIGS, NUM_TOKENS, PROMPT, far_q
+
+
+@pytest.fixture(autouse=True)
+def own_cache_folder(tmp_path, monkeypatch):
+    """Each test calibrates into a folder of its own (and forgets what the process measured)."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+    step_costs.forget()
+    yield
+    step_costs.forget()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A target and a drafter far enough from it that drafts are often rejected."""
+    target = tiny_llama(vocab=12, seed=0)
+    return target, perturbed_copy(target, scale=0.3)
+
+
+@pytest.fixture(scope="module")
+def close_pair():
+    target = tiny_llama(vocab=12, seed=0)
+    return target, perturbed_copy(target)
+
+
+class FreeDraftModel(DraftModelDrafter):
+    """A draft model that declares its drafts free (a tiny target's drafter is as large as the target itself, so the
+    calibrated policy would rightly never draft with it)."""
+
+    def draft_cost(self, target_model):
+        return 0.0
+
+
+def sampled(target, drafter, seed, **extra):
+    torch.manual_seed(seed)
+    stats = SpeculationStats()
+    out = target.generate(PROMPT, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=4,
+                          do_sample=True, max_new_tokens=40, speculation_stats=stats, **CONFIGS["temperature_top_k"],
+                          **extra)
+    return out, stats
+
+
+def noisy_clock(monkeypatch, seed):
+    """Every step's measured times made up at random: what a loaded machine does to timings, exaggerated."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(step.DeviceClock, "seconds", lambda self, start, end: rng.uniform(0.001, 0.2))
+
+
+def test_a_seed_reproduces_its_sample_with_the_default_settings(close_pair, monkeypatch):
+    """Sampling with no draft_length: the same seed gives the same sample, even when every step's timing differs,
+    and the lengths the policy chose did vary (a constant length would pass trivially)."""
+    target, drafter = close_pair
+    drafter = FreeDraftModel(drafter)
+    outs = []
+    for noise in (1, 2):
+        noisy_clock(monkeypatch, noise)
+        out, stats = sampled(target, drafter, seed=5)
+        outs.append(out)
+        assert_speculated(stats, depth=2)
+        assert len(set(stats.drafted_by_position)) > 1, f"every step drafted the cap: {stats.drafted_by_position}"
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_negative_control_the_timed_policy_does_not_reproduce_under_the_same_noise(close_pair, monkeypatch):
+    """The same two noisy runs with the timed policy give different samples: the test above can see a policy that
+    decides from timings."""
+    target, drafter = close_pair
+    drafter = FreeDraftModel(drafter)
+    outs = []
+    for noise in (1, 2):
+        noisy_clock(monkeypatch, noise)
+        outs.append(sampled(target, drafter, seed=5, draft_length="adaptive")[0])
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_calibrated_sampling_matches_target(pair):
+    """Lengths chosen by the calibrated policy, and its confidence stops, keep the distribution exact."""
+    target, drafter = pair
+    stats, policy = SpeculationStats(), ScriptedCalibration()
+    kwargs = dict(do_sample=True, max_new_tokens=NUM_TOKENS, **CONFIGS["temperature_top_k"])
+    exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **kwargs), NUM_TOKENS)
+    spec = dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3, draft_length=policy,
+                speculation_stats=stats, **kwargs)
+    assert chi_square_pvalue(sample_in_batches(target, PROMPT, 20_000, seed=13, **spec), exact) > 1e-3
+    assert_speculated(stats, depth=3)
+    assert_adapted(policy)
+
+
+def test_negative_control_calibrated_with_a_wrong_q_fails(pair):
+    """The same test rejects a rule that is wrong at second drafts only, under this policy too."""
+    target, _ = pair
+
+    class TwoDistributions(SequenceDrafter):  # first draft from q, second from q2
+        def propose(self, input_ids, max_tokens):
+            q = torch.stack([far_q(), far_q(seed=5)])[:max_tokens][None]
+            return Draft(torch.multinomial(q[0], 1).view(1, -1), q)
+
+    kwargs = dict(do_sample=True, max_new_tokens=NUM_TOKENS, **CONFIGS["temperature_top_k"])
+    exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **kwargs), NUM_TOKENS)
+    spec = dict(custom_generate=speculative_generate, num_draft_tokens=2, **kwargs,
+                draft_length=ScriptedCalibration(per_token=0.0))  # (drafting always pays: k = 2)
+    honest = sample_in_batches(target, PROMPT, 20_000, seed=13, assistant=TwoDistributions(), **spec)
+    assert chi_square_pvalue(honest, exact) > 1e-3
+    lying = sample_in_batches(target, PROMPT, 20_000, seed=13, assistant=lie_about_second_q(TwoDistributions()), **spec)
+    assert chi_square_pvalue(lying, exact) < 1e-6
+
+
+def test_batches_with_rows_drafting_different_lengths_equal_plain():
+    """Greedy batches under the calibrated policy, where the rows of one step draft different lengths (each row stops
+    at its own low-confidence position): each row equals plain generate()."""
+    target = tiny_llama(seed=2)
+    stats, policy, ragged = SpeculationStats(), ScriptedCalibration(), []
+
+    class Recording(FreeDraftModel):
+        def propose(self, seqs, max_tokens):
+            draft = super().propose(seqs, max_tokens)
+            ragged.append(draft.num_valid is not None and len(set(draft.num_valid)) > 1)
+            return draft
+
+    drafter = Recording(perturbed_copy(target))
+    for seed in (8, 9, 10):
+        ids, mask = left_pad(random_prompts(4, seed=seed))
+        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
+        out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=5,
+                              draft_length=policy, speculation_stats=stats, **kwargs)
+        assert torch.equal(out, target.generate(ids, **kwargs))
+    assert any(ragged), "no step had rows drafting different lengths"
+    assert_speculated(stats, depth=2, rows=4, uneven=True)
+    assert_adapted(policy)
+
+
+def test_each_row_counts_its_own_acceptance():
+    """A row that copies (every draft accepted) beside one whose drafts all fail: once the copying row has finished,
+    the batch expects what the other row does, where an estimate pooled over the call's rows would still count on
+    the copies."""
+    rows, pooled = RowAcceptance(), ChainAcceptance()
+    for _ in range(20):
+        outcome = StepOutcome(5, [5, 5], [5, 0], 0.0, 0.0, rows=[0, 1], next_rows=[0, 1])
+        rows.record(outcome)
+        pooled.record(outcome)
+    assert rows.expected(5)[5] == pytest.approx((6 + 1) / 2, abs=0.4)  # the copying row's 6 tokens and the other's 1
+    finished = StepOutcome(5, [5, 5], [5, 0], 0.0, 0.0, rows=[0, 1], next_rows=[1])  # the copying row's last step
+    rows.record(finished)
+    pooled.record(finished)
+    assert rows.expected(5)[5] < 1.3 < 3 < pooled.expected(5)[5]
+
+
+def test_verification_costs_are_measured_once_and_kept_on_disk(monkeypatch):
+    target = tiny_llama()
+    first = step_costs.verify_seconds(target, 2, 6)
+    assert sorted(first) == [1, 2, 3, 4, 5, 6] and all(s > 0 for s in first.values())
+    step_costs.forget()  # a new process: read back, not measured again
+    monkeypatch.setattr(step_costs, "_measure", lambda *a: pytest.fail("measured again"))
+    assert step_costs.verify_seconds(target, 2, 6) == first
+    assert step_costs.costs_file().exists()
+    assert sorted(step_costs.verify_seconds(target, 2, 4)) == [1, 2, 3, 4]
+    wide = [n for n in step_costs._grid(40)]
+    assert wide[:9] == list(range(1, 10)) and wide[-1] == 40 and len(wide) < 20
+
+
+def test_drafts_are_priced_by_the_drafter_size(pair):
+    target, drafter = pair
+    assert NgramDrafter().draft_cost(target) == 0.0
+    assert DraftModelDrafter(drafter).draft_cost(target) == pytest.approx(1.0)  # as large as the target
+    small = tiny_llama(vocab=12, layers=1, seed=3)
+    assert 0.3 < DraftModelDrafter(small).draft_cost(target) < 0.8
