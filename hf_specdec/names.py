@@ -76,16 +76,25 @@ def known_names() -> str:
             "'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
 
 
-def default_name(target=None) -> str:
+def default_name(target=None, sampling: bool = False) -> str:
     """The fastest drafter the project has measured for this target among those that keep nothing across calls
-    (BENCHMARKS.md): for the embedded SmolLM2, n-gram lookup backed by the shipped Medusa heads' chain; for any other
+    (BENCHMARKS.md): for the embedded SmolLM2, n-gram lookup backed by the shipped Medusa heads' chain (sampled: n-gram
+    lookup alone, since the heads' drafts are seldom drawn then and cost a fifth of a forward each); for any other
     target, n-gram lookup. Suffix decoding measures faster on repeated work, but a seeded sample would then depend on
     earlier calls, and one caller's text would shape how fast another's requests run, so it stays opt-in ("suffix")."""
     from .default_model import is_default_target
 
-    if (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names():
+    if (not sampling and (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names()):
         return "ngram+medusa:chain"
     return "ngram"
+
+
+def with_default_resolved(spec, target, sampling: bool):
+    """`spec` with each "default" piece of a name replaced by the drafter it stands for in this call (anything else
+    as it is)."""
+    if not isinstance(spec, str):
+        return spec
+    return "+".join(default_name(target, sampling) if piece == "default" else piece for piece in spec.split("+"))
 
 
 def parse(spec: str, target=None) -> list[Part]:
@@ -122,4 +131,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["WORDS", "Word", "Part", "parse", "check", "known_names", "default_name", "UnknownDrafterError"]
+__all__ = ["WORDS", "Word", "Part", "parse", "check", "known_names", "default_name", "with_default_resolved",
+           "UnknownDrafterError"]

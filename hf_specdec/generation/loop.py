@@ -26,6 +26,7 @@ from ..draft_length import policy_for_call
 from ..draft_length import DraftLengthPolicy
 from ..drafters.base import Drafter, DraftSettings
 from ..errors import InputError
+from ..names import with_default_resolved
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
@@ -130,6 +131,7 @@ def speculative_generate(
         return decode_rows_alone(model, input_ids, logits_processor, stopping_criteria, generation_config, options,
                                  model_kwargs)
     # this call's drafter (a fork, when another call holds it) and draft-length policy (what "adaptive" learned before)
+    assistant = with_default_resolved(assistant, model, bool(generation_config.do_sample))
     with claim(assistant, model) as (drafter, learner), policy_for_call(
             draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
             drafter.sizes_own_drafts) as policy:
