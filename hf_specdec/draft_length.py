@@ -84,6 +84,7 @@ class ChainAcceptance:
     """a_i by chain position, from the accepted prefixes of chain steps (drafts of a draft model, n-gram lookup...)."""
 
     decay: float = 0.95
+    prior: float = 0.5  # a_1 before any trial
     # decayed counts by draft position, kept apart for steps that follow a fully accepted step (True) and the rest:
     # acceptance comes in runs (a copied span, a formulaic answer), which one average would smear out
     # (None: after a plain step, which says nothing about what comes next: both states' pooled counts apply)
@@ -120,7 +121,7 @@ class ChainAcceptance:
         pooled estimate, which in turn falls back (one pseudo-step) on the previous position's, or on `prior[i]` (a
         batch's pooled a_i, for one of its rows): positions rarely tried borrow from their neighbours, not from an
         optimistic guess."""
-        expected, reach, pooled = [1.0], 1.0, 0.5
+        expected, reach, pooled = [1.0], 1.0, self.prior
         for i in range(cap):
             if prior is not None:
                 pooled = prior[i]
@@ -150,18 +151,19 @@ class RowAcceptance:
     finished, an estimate pooled over the call would still count on its copies."""
 
     decay: float = 0.95
+    prior: float = 0.5  # a_1 before any trial
     pooled: ChainAcceptance = None
     rows: dict = field(default_factory=dict)  # the caller's row index -> its ChainAcceptance
     current: list[int] | None = None  # the rows the next step decodes (None: before the first step)
 
     def __post_init__(self):
-        self.pooled = self.pooled or ChainAcceptance(self.decay)
+        self.pooled = self.pooled or ChainAcceptance(self.decay, self.prior)
 
     def record(self, outcome: StepOutcome) -> None:
         tried, accepted = ([x] if isinstance(x, int) else x for x in (outcome.num_tried, outcome.num_accepted))
         self.pooled.record_prefixes(tried, accepted)
         for row, d, a in zip(outcome.rows or range(len(tried)), tried, accepted):
-            self.rows.setdefault(row, ChainAcceptance(self.decay)).record_prefixes(d, a)
+            self.rows.setdefault(row, ChainAcceptance(self.decay, self.prior)).record_prefixes(d, a)
         self.current = outcome.next_rows
 
     def expected(self, cap: int) -> list[float]:
@@ -341,10 +343,13 @@ class CalibratedDraftLength(AdaptiveDraftLength):
     #: drafting only when estimated 5% faster than a plain step: its prices are estimates made in advance, and where
     #: they are close (a batch, a sampled chat) a wrong call must not cost more than no drafting
     plain_margin: float = -0.05
+    #: a_1 before the call's first trial: what n-gram lookup and the shipped heads measure on the dev prompts, sampled
+    #: or batched (each call starts afresh, so an optimistic guess would cost every call its first steps)
+    prior: float = 0.3
 
     def __post_init__(self):
         super().__post_init__()
-        self.chain = self.acceptance = RowAcceptance(self.decay)
+        self.chain = self.acceptance = RowAcceptance(self.decay, self.prior)
 
     def calibrate(self, model, drafter, batch_size: int, cap: int, fast_cpu_verify: bool) -> None:
         from .step_costs import verify_seconds
@@ -355,7 +360,7 @@ class CalibratedDraftLength(AdaptiveDraftLength):
 
     def start(self, cap: int) -> None:
         super().start(cap)
-        self.chain = self.acceptance = RowAcceptance(self.decay)  # every call afresh: its rows are its own
+        self.chain = self.acceptance = RowAcceptance(self.decay, self.prior)  # every call afresh: its rows are its own
         self.tree, self.steps = TreeAcceptance(self.decay), 0
 
     def update(self, outcome: StepOutcome) -> None:

@@ -94,7 +94,7 @@ def test_negative_control_the_timed_policy_does_not_reproduce_under_the_same_noi
 def test_calibrated_sampling_matches_target(close_pair):
     """Lengths chosen by the calibrated policy, and its confidence stops, keep the distribution exact."""
     target, drafter = close_pair
-    stats, policy = SpeculationStats(), ScriptedCalibration(per_token=0.02)  # (a wide forward dear: lengths vary)
+    stats, policy = SpeculationStats(), ScriptedCalibration(per_token=0.002)
     kwargs = dict(do_sample=True, max_new_tokens=NUM_TOKENS, **CONFIGS["temperature_top_k"])
     exact = exact_joint_distribution(target, PROMPT, captured_processors(target, PROMPT, **kwargs), NUM_TOKENS)
     spec = dict(custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=3, draft_length=policy,
