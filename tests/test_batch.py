@@ -17,7 +17,7 @@ from tests.conftest import (
     tiny_llama,
 )
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution
-from tests.speculation import PAD, ScriptedCosts, TargetOracleDrafter, assert_adapted, assert_speculated, left_pad
+from tests.speculation import PAD, ScriptedCalibration, ScriptedCosts, TargetOracleDrafter, assert_adapted, assert_speculated, left_pad
 
 
 @pytest.mark.parametrize("arch_name", ["llama", "gpt2", "qwen2"])
@@ -59,16 +59,27 @@ def test_batch_of_one_with_padding_equals_plain():
     assert_speculated(stats, depth=3)
 
 
-def test_adaptive_draft_length_in_batches():
+@pytest.mark.parametrize("policy", [ScriptedCosts, ScriptedCalibration])
+def test_adaptive_draft_lengths_in_batches(policy):
+    """Both adaptive policies in left-padded batches whose rows draft different lengths in one step (each row stops
+    at its own low-confidence position): each row equals plain generate()."""
     target = tiny_llama(seed=2)
-    drafter = perturbed_copy(target)
-    stats, policy = SpeculationStats(), ScriptedCosts()
+    stats, policy, ragged = SpeculationStats(), policy(), []
+
+    class Recording(DraftModelDrafter):
+        def propose(self, seqs, max_tokens):
+            draft = super().propose(seqs, max_tokens)
+            ragged.append(draft.num_valid is not None and len(set(draft.num_valid)) > 1)
+            return draft
+
+    drafter = Recording(perturbed_copy(target))
     for seed in (8, 9, 10):
         ids, mask = left_pad(random_prompts(4, seed=seed))
         kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
         out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=5,
                               draft_length=policy, speculation_stats=stats, **kwargs)
         assert torch.equal(out, target.generate(ids, **kwargs))
+    assert any(ragged), "no step had rows drafting different lengths"
     assert_speculated(stats, depth=2, rows=4, uneven=True)
     assert_adapted(policy)
 

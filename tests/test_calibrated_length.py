@@ -12,9 +12,9 @@ from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_gen
 from hf_specdec.draft_length import ChainAcceptance, RowAcceptance, StepOutcome
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 from hf_specdec.generation import step
-from tests.conftest import perturbed_copy, random_prompts, tiny_llama
+from tests.conftest import perturbed_copy, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
-from tests.speculation import PAD, ScriptedCalibration, assert_adapted, assert_speculated, left_pad, lie_about_second_q
+from tests.speculation import ScriptedCalibration, assert_adapted, assert_speculated, lie_about_second_q
 from tests.test_sampling_exact import CONFIGS, NUM_TOKENS, PROMPT, far_q
 
 
@@ -121,30 +121,6 @@ def test_negative_control_calibrated_with_a_wrong_q_fails(pair):
     assert chi_square_pvalue(honest, exact) > 1e-3
     lying = sample_in_batches(target, PROMPT, 20_000, seed=13, assistant=lie_about_second_q(TwoDistributions()), **spec)
     assert chi_square_pvalue(lying, exact) < 1e-6
-
-
-def test_batches_with_rows_drafting_different_lengths_equal_plain():
-    """Greedy batches under the calibrated policy, where the rows of one step draft different lengths (each row stops
-    at its own low-confidence position): each row equals plain generate()."""
-    target = tiny_llama(seed=2)
-    stats, policy, ragged = SpeculationStats(), ScriptedCalibration(), []
-
-    class Recording(FreeDraftModel):
-        def propose(self, seqs, max_tokens):
-            draft = super().propose(seqs, max_tokens)
-            ragged.append(draft.num_valid is not None and len(set(draft.num_valid)) > 1)
-            return draft
-
-    drafter = Recording(perturbed_copy(target))
-    for seed in (8, 9, 10):
-        ids, mask = left_pad(random_prompts(4, seed=seed))
-        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=5,
-                              draft_length=policy, speculation_stats=stats, **kwargs)
-        assert torch.equal(out, target.generate(ids, **kwargs))
-    assert any(ragged), "no step had rows drafting different lengths"
-    assert_speculated(stats, depth=2, rows=4, uneven=True)
-    assert_adapted(policy)
 
 
 def test_each_row_counts_its_own_acceptance():
