@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-import os
-import platform
 import re
 import statistics
 import threading
@@ -214,15 +212,9 @@ def packed_bytes(model) -> int:
 
 def choices_file() -> Path:
     """Where this machine's choices are kept: per CPU model and torch version (each choice names its thread count)."""
-    from .default_model import cache_dir
+    from .default_model import cache_dir, cpu_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    name = f"{cpu}-torch{torch.__version__}"
+    name = f"{cpu_name()}-torch{torch.__version__}"
     return cache_dir() / "cpu_matmul" / (re.sub(r"[^A-Za-z0-9.+-]+", "_", name) + ".json")
 
 
@@ -244,14 +236,9 @@ def _save_choices() -> None:
     if not _STORE["dirty"] or _STORE["loaded"] is None:
         return
     _STORE["dirty"] = False
-    path = _STORE["loaded"]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([[*key, path_name] for key, path_name in sorted(CHOICES.items())]))
-        os.replace(tmp, path)  # atomically: a reader sees the old file or the new one
-    except OSError:
-        pass  # a read-only cache folder: the next process measures again
+    from .default_model import write_cache_file
+
+    write_cache_file(_STORE["loaded"], json.dumps([[*key, path_name] for key, path_name in sorted(CHOICES.items())]))
 
 
 __all__ = ["routed", "verifying", "fast_linear", "packed_bytes", "choices_file", "prior_path", "CHOICES", "PATHS",

@@ -6,8 +6,10 @@ the user's cache directory, so later loads take about a second.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import platform
 from pathlib import Path
 
 from .errors import InputError
@@ -25,6 +27,28 @@ def cache_dir() -> Path:
         return Path(os.environ["HF_HOME"]) / "hf_specdec"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hf_specdec"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_name() -> str:
+    """This machine's CPU model: what measured choices and costs are kept under in the cache folder."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def write_cache_file(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (a reader sees the old file or the new one); a read-only cache folder is
+    skipped (the next process measures again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def default_gguf_path() -> Path:

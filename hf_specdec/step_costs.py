@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import re
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -25,11 +24,13 @@ from transformers import DynamicCache
 
 from .cache.keyword import cache_keyword
 from .cpu_matmul import routed, verifying
+from .default_model import cache_dir, cpu_name, write_cache_file
 
 CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
 REPEATS = 3  # timed forwards per width, after one untimed (a width's first forward may choose its matmul paths)
 
 _KEPT: dict[str, dict[int, float]] = {}  # machine-and-target key -> {tokens per row: seconds}
+_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> the hash of its class, config and dtype
 _LOCK = threading.Lock()
 
 
@@ -62,6 +63,7 @@ def _measure(model, batch_size: int, widths: list[int], fast: bool) -> dict[int,
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab, (batch_size, CONTEXT + max(widths)), generator=generator).to(model.device)
     keyword = cache_keyword(model) or "cache"
+    keep_logits = model._supports_logits_to_keep()  # (the verification forward asks for its n logits only)
     cuda = model.device.type == "cuda"
     seconds = {}
     with routed(model, fast), verifying(fast), torch.inference_mode():
@@ -76,7 +78,8 @@ def _measure(model, batch_size: int, widths: list[int], fast: bool) -> dict[int,
                 if cuda:
                     torch.cuda.synchronize(model.device)
                 start = time.perf_counter()
-                model(input_ids=block, position_ids=positions, use_cache=True, logits_to_keep=n, **{keyword: cache})
+                model(input_ids=block, position_ids=positions, use_cache=True, **{keyword: cache},
+                      **({"logits_to_keep": n} if keep_logits else {}))
                 if cuda:
                     torch.cuda.synchronize(model.device)
                 if repeat:
@@ -87,24 +90,16 @@ def _measure(model, batch_size: int, widths: list[int], fast: bool) -> dict[int,
 
 
 def _key(model, batch_size: int, fast: bool) -> str:
-    config = model.config.to_json_string(use_diff=False)
-    shape = hashlib.sha256(f"{type(model).__name__}|{config}|{model.dtype}".encode()).hexdigest()[:16]
-    device = (torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else _cpu_name())
+    shape = _SHAPES.get(model)
+    if shape is None:  # (once per model: every call asks)
+        config = model.config.to_json_string(use_diff=False)
+        shape = _SHAPES[model] = hashlib.sha256(f"{type(model).__name__}|{config}|{model.dtype}".encode()).hexdigest()[:16]
+    device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else cpu_name()
     return re.sub(r"[^A-Za-z0-9.+|=-]+", "_", f"{device}|torch{torch.__version__}|threads={torch.get_num_threads()}|"
                   f"fast={fast}|{shape}|batch={batch_size}")
 
 
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def costs_file() -> Path:
-    from .default_model import cache_dir
-
     return cache_dir() / "step_costs.json"
 
 
@@ -119,17 +114,11 @@ def _read(key: str) -> dict[int, float]:
 def _write(key: str, seconds: dict[int, float]) -> None:
     path = costs_file()
     try:
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        saved[key] = {str(n): s for n, s in sorted(seconds.items())}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved, indent=0))
-        os.replace(tmp, path)  # atomically: a reader sees the old file or the new one
-    except OSError:
-        pass  # a read-only cache folder: this process keeps its own figures
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    saved[key] = {str(n): s for n, s in sorted(seconds.items())}
+    write_cache_file(path, json.dumps(saved, indent=0))  # (a read-only folder: this process keeps its own figures)
 
 
 def forget() -> None:

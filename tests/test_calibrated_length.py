@@ -158,3 +158,15 @@ def test_drafts_are_priced_by_the_drafter_size(pair):
     assert DraftModelDrafter(drafter).draft_cost(target) == pytest.approx(1.0)  # as large as the target
     small = tiny_llama(vocab=12, layers=1, seed=3)
     assert 0.3 < DraftModelDrafter(small).draft_cost(target) < 0.8
+
+
+def test_sampled_calls_draft_with_ngram_lookup_alone_by_default():
+    """Under sampling "default" is n-gram lookup (the heads' drawn drafts did not pay: BENCHMARKS.md); greedy keeps the
+    measured default; other names and drafter objects pass through."""
+    from hf_specdec.names import default_name, with_default_resolved
+
+    assert with_default_resolved("default", None, sampling=True) == "ngram"
+    assert with_default_resolved("default+suffix", None, sampling=True) == "ngram+suffix"
+    assert with_default_resolved("default", None, sampling=False) == default_name(None)
+    drafter = NgramDrafter()
+    assert with_default_resolved(drafter, None, sampling=True) is drafter

@@ -209,7 +209,7 @@ def run_bench(
         for drafter_name, drafter in [("none", PlainDrafter()), *drafters]:
             prefix = "hf_specdec" if len(drafters) == 1 else f"hf_specdec {drafter_name}"
             methods = [(prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
-            for policy in (["adaptive"] if adaptive else []) + [p for p in policies if p != "adaptive" or not adaptive]:
+            for policy in dict.fromkeys((["adaptive"] if adaptive else []) + list(policies)):  # (once each, in order)
                 methods.append((f"{prefix} {policy}" if len(lengths) == 1 else f"{prefix} {policy} k<={cap}",
                                 None if policy == "default" else policy, cap))
             if drafter_name == "none":

@@ -273,7 +273,7 @@ def borrowed_head(model, target_model) -> list:
     from ..models.borrowed import BorrowsFromTarget
 
     own = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    borrowing = isinstance(model, BorrowsFromTarget) and not any(True for _ in (own.parameters() if own else []))
+    borrowing = isinstance(model, BorrowsFromTarget) and (own is None or not any(True for _ in own.parameters()))
     return [target_model.get_output_embeddings()] if borrowing else []
 
 
