@@ -52,7 +52,7 @@ WORDS = {word.name: word for word in (
     Word("none", "", "drafters.plain:PlainDrafter.for_target", "no drafts: plain steps through hf_specdec's loop"),
     Word("self", "optional", "drafters.self_speculative:SelfSpeculativeDrafter.for_target",
          "the target's own first L layers (default: half)"),
-    Word("layers", "required", "assistants:early_layers_drafter", "an untrained draft model cut from the first N layers"),
+    Word("layers", "required", "drafters.draft_model:DraftModelDrafter.from_early_layers", "an untrained draft model cut from the first N layers"),
 )}
 
 #: what may follow a loaded drafter's name (Medusa heads only): their top-1 chain, the default tree, an N-node tree
@@ -89,22 +89,23 @@ def default_name(target=None, sampling: bool = False) -> str:
     return "ngram"
 
 
-def with_default_resolved(spec, target, sampling: bool):
-    """`spec` with each "default" piece of a name replaced by the drafter it stands for in this call (anything else
-    as it is)."""
-    if not isinstance(spec, str):
-        return spec
-    return "+".join(default_name(target, sampling) if piece == "default" else piece for piece in spec.split("+"))
+@dataclass(frozen=True)
+class Name:
+    """A parsed assistant name: its parts, and the name they spell with each "default" replaced by the drafter it
+    stands for in this call (the key a name's drafter is kept under)."""
+
+    text: str
+    parts: tuple[Part, ...]
 
 
-def parse(spec: str, target=None) -> list[Part]:
-    """The parts of an assistant name, or `UnknownDrafterError` listing the known names. Nothing is loaded."""
+def parse(spec: str, target=None, sampling: bool = False) -> Name:
+    """An assistant name parsed, or `UnknownDrafterError` listing the known names. Nothing is loaded."""
     if not isinstance(spec, str) or not spec:
         raise UnknownDrafterError(f"Unknown drafter {spec!r}. Known: {known_names()}.")
-    parts = []
+    pieces = []
     for piece in spec.split("+"):
-        parts += parse(default_name(target), target) if piece == "default" else [_parse_one(piece)]
-    return parts
+        pieces += default_name(target, sampling).split("+") if piece == "default" else [piece]
+    return Name("+".join(pieces), tuple(_parse_one(piece) for piece in pieces))
 
 
 def _parse_one(piece: str) -> Part:
@@ -131,5 +132,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["WORDS", "Word", "Part", "parse", "check", "known_names", "default_name", "with_default_resolved",
+__all__ = ["WORDS", "Word", "Part", "Name", "parse", "check", "known_names", "default_name",
            "UnknownDrafterError"]

@@ -10,7 +10,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, as_drafter, speculative_generate
-from hf_specdec.assistants import claim
+from hf_specdec.assistants import resolve
 from hf_specdec.draft_length import _LEARNED
 from hf_specdec.names import check as check_name
 from hf_specdec.names import UnknownDrafterError
@@ -202,17 +202,19 @@ def test_one_drafter_serves_concurrent_calls_with_a_fork_that_shares_what_it_kno
     knowledge (a suffix index, recycling's table) and has its own per-call state; a combined drafter forks its parts;
     the drafter is the original again once it is free."""
     target = tiny_llama()
-    with claim("ngram", target) as (first, learner):
-        assert first is learner is hf_specdec.get_assistant(target, "ngram")
+    name = resolve("ngram", target)
+    with name.claimed() as first:
+        assert first is name.learner is hf_specdec.get_assistant(target, "ngram")
         results = {}
-        thread = threading.Thread(target=lambda: results.update(lent=claim("ngram", target).__enter__()))
+        thread = threading.Thread(target=lambda: results.update(lent=resolve("ngram", target)))
         thread.start()
         thread.join()
-        drafter, kept = results["lent"]
-        assert isinstance(drafter, NgramDrafter) and drafter is not first and kept is first  # learns for the name
-        with claim(first, target) as (again, _):  # an object in use: a fork too
+        with results["lent"].claimed() as drafter:
+            # learns for the name
+            assert isinstance(drafter, NgramDrafter) and drafter is not first and results["lent"].learner is first
+        with resolve(first, target).claimed() as again:  # an object in use: a fork too
             assert again is not first
-    with claim(first, target) as (again, _):  # free again once the first call ended
+    with resolve(first, target).claimed() as again:  # free again once the first call ended
         assert again is first
     suffix = SuffixDrafter()
     fork = suffix.fork()

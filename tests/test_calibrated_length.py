@@ -163,10 +163,11 @@ def test_drafts_are_priced_by_the_drafter_size(pair):
 def test_sampled_calls_draft_with_ngram_lookup_alone_by_default():
     """Under sampling "default" is n-gram lookup (the heads' drawn drafts did not pay: BENCHMARKS.md); greedy keeps the
     measured default; other names and drafter objects pass through."""
-    from hf_specdec.names import default_name, with_default_resolved
+    from hf_specdec.assistants import resolve
+    from hf_specdec.names import default_name, parse
 
-    assert with_default_resolved("default", None, sampling=True) == "ngram"
-    assert with_default_resolved("default+suffix", None, sampling=True) == "ngram+suffix"
-    assert with_default_resolved("default", None, sampling=False) == default_name(None)
+    assert parse("default", None, sampling=True).text == "ngram"
+    assert parse("default+suffix", None, sampling=True).text == "ngram+suffix"
+    assert parse("default", None, sampling=False).text == default_name(None)
     drafter = NgramDrafter()
-    assert with_default_resolved(drafter, None, sampling=True) is drafter
+    assert resolve(drafter, None, sampling=True).drafter is drafter

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..cache.ragged import RaggedKV
+from ..errors import InputError
 from ..models.borrowed import bind_if_borrowing
 from .base import Drafter, Drafting, borrowed_head, check_device, share_of_target
 
@@ -87,3 +88,25 @@ class DraftModelDrafter(Drafter):
         draft = drafting.draft()
         self.fed_drafts = [min(n, max_tokens - 1) for n in draft.depth_by_row()]
         return draft
+
+    @classmethod
+    def from_early_layers(cls, target, num_layers: int) -> "DraftModelDrafter":
+        """`layers:N`: an untrained draft model cut from the target's first N layers (a baseline)."""
+        if target is None:
+            raise InputError(f"assistant='layers:{num_layers}' cuts a draft model from the target: pass the target too.")
+        return cls(early_layers_draft_model(target, num_layers))
+
+
+def early_layers_draft_model(target, num_layers: int):
+    """An (untrained) draft model cut from the target: its first `num_layers` layers, final norm and LM head, on the
+    target's device and in its dtype."""
+    config = target.config.__class__.from_dict(target.config.to_dict())
+    total = config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise InputError(f"layers:{num_layers} needs 1 <= N <= the target's {total} layers.")
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    drafter = target.__class__(config).to(device=target.device, dtype=target.dtype)
+    drafter.load_state_dict(target.state_dict(), strict=False)
+    return drafter.eval()

@@ -12,13 +12,14 @@ cache, then calls this loop, which reads as four phases:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
-from ..assistants import claim
+from ..assistants import resolve
 from ..cache.keyword import CACHE
 from ..cache.ragged import RaggedKV
 from ..cpu_matmul import routed
@@ -26,7 +27,6 @@ from ..draft_length import policy_for_call
 from ..draft_length import DraftLengthPolicy
 from ..drafters.base import Drafter, DraftSettings
 from ..errors import InputError
-from ..names import with_default_resolved
 from ..sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
@@ -37,7 +37,9 @@ from .validate import AcceptRule, decodes_rows_alone, request_for, validate
 
 @dataclass(frozen=True)
 class SpeculationOptions:
-    """What a call asks of speculation beyond `generate()`'s own configuration (its keyword arguments, gathered once).
+    """What a call asks of speculation beyond `generate()`'s own configuration: `speculative_generate`'s keyword
+    arguments, defined here once (its signature is made from these fields, since `generate()` hands a callable only
+    the arguments its signature names).
 
     assistant: a drafter name such as 'ngram' or 'distilled', a draft model, a `Drafter`, a folder or Hub id (see
         `hf_specdec.assistants`).
@@ -48,7 +50,8 @@ class SpeculationOptions:
     fast_cpu_verify: the target's CPU matmul path for verification forwards (`cpu_matmul.py`).
     compile_drafter: run a draft model's forward through `torch.compile` (its first call compiles; see
         `DraftModelDrafter`).
-    streamer: a transformers streamer (`generate()` keeps its own `streamer=` from callables, hence this name).
+    streamer: a transformers streamer, passed as `hf_specdec_streamer=` (`generate()` keeps its own `streamer=` from
+        callables).
     verification: 'exact', or 'typical' (Medusa's typical acceptance with `typical_threshold` / `typical_alpha`:
         sampling only, LOSSY).
     """
@@ -59,10 +62,22 @@ class SpeculationOptions:
     draft_length: object = None
     fast_cpu_verify: bool = True
     compile_drafter: bool = False
-    streamer: BaseStreamer | None = None
+    streamer: BaseStreamer | None = field(default=None, metadata={"keyword": "hf_specdec_streamer"})
     verification: str = "exact"
     typical_threshold: float = 0.09
     typical_alpha: float = 0.3
+
+    @staticmethod
+    def keyword(f) -> str:
+        return f.metadata.get("keyword", f.name)
+
+    @classmethod
+    def taken_from(cls, keywords: dict) -> "SpeculationOptions":
+        """The options among a call's keyword arguments (removed from `keywords`, which keeps the model's)."""
+        return cls(**{f.name: keywords.pop(cls.keyword(f)) for f in fields(cls) if cls.keyword(f) in keywords})
+
+    def as_keywords(self) -> dict:
+        return {self.keyword(f): getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -91,10 +106,6 @@ class Run:
     def __post_init__(self):
         self.clock = DeviceClock(self.pending.device)
 
-    @property
-    def device(self):
-        return self.target.device
-
 
 @torch.no_grad()
 def speculative_generate(
@@ -104,38 +115,27 @@ def speculative_generate(
     stopping_criteria,
     generation_config,
     synced_gpus: bool = False,
-    assistant=None,
-    num_draft_tokens: int | None = None,
-    speculation_stats: SpeculationStats | None = None,
-    draft_length=None,
-    fast_cpu_verify: bool = True,
-    compile_drafter: bool = False,
-    hf_specdec_streamer=None,
-    verification: str = "exact",
-    typical_threshold: float = 0.09,
-    typical_alpha: float = 0.3,
     **model_kwargs,
 ):
     """Exact speculative decoding, used as `model.generate(..., custom_generate=speculative_generate, assistant=...)`.
 
     Greedy output is token-identical to plain greedy `generate()` (row by row for left-padded batches); sampled output
     has exactly the target's distribution (after every logits processor and warper `generate()` built). The keyword
-    arguments after `synced_gpus` are `SpeculationOptions`' (named here, since `generate()` hands a callable only the
-    arguments its signature names; `hf_specdec_streamer` is `SpeculationOptions.streamer`).
+    arguments after `synced_gpus` are `SpeculationOptions`' fields; the rest are the model's.
     """
-    options = SpeculationOptions(assistant, num_draft_tokens, speculation_stats, draft_length, fast_cpu_verify,
-                                 compile_drafter, hf_specdec_streamer, verification, typical_threshold, typical_alpha)
+    options = SpeculationOptions.taken_from(model_kwargs)
     # 1. Validate every input before any forward pass (the drafter's own checks once it is built or loaded).
     rule = validate(model, input_ids, generation_config, model_kwargs, synced_gpus, options)
     if input_ids.shape[0] > 1 and decodes_rows_alone(model):
         return decode_rows_alone(model, input_ids, logits_processor, stopping_criteria, generation_config, options,
                                  model_kwargs)
     # this call's drafter (a fork, when another call holds it) and draft-length policy (what "adaptive" learned before)
-    assistant = with_default_resolved(assistant, model, bool(generation_config.do_sample))
-    with claim(assistant, model) as (drafter, learner), policy_for_call(
-            draft_length, learner, model, input_ids.shape[0], bool(generation_config.do_sample),
+    sampling = bool(generation_config.do_sample)
+    assistant = resolve(options.assistant, model, sampling)
+    with assistant.claimed() as drafter, policy_for_call(
+            options.draft_length, assistant.learner, model, input_ids.shape[0], sampling,
             drafter.sizes_own_drafts) as policy:
-        request = request_for(model, model_kwargs, drafter, num_draft_tokens, rule)
+        request = request_for(model, model_kwargs, drafter, options.num_draft_tokens, rule)
         # 2. Set up the rows, the target's ragged cache and the drafter.
         run = set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, request, drafter,
                      policy, model_kwargs.get("attention_mask"), options)
@@ -153,8 +153,7 @@ def decode_rows_alone(model, input_ids, logits_processor, stopping_criteria, gen
     own, and the rows come back padded together as `generate()` pads them (no cache is returned)."""
     batch = input_ids.shape[0]
     stats = options.speculation_stats if options.speculation_stats is not None else SpeculationStats()
-    keywords = {f.name: getattr(options, f.name) for f in fields(options)}
-    keywords["hf_specdec_streamer"] = keywords.pop("streamer")
+    keywords = options.as_keywords()
     rows = []
     for b in range(batch):
         row_kwargs = {key: value[b : b + 1] if isinstance(value, torch.Tensor) and value.shape[:1] == (batch,) else value
@@ -231,5 +230,12 @@ def finish(run: Run, generation_config, cache, batch_size: int):
         speculation_stats=run.stats,
     )
 
+
+# generate() passes a custom loop only the keyword arguments its signature names: the options' fields are named here
+speculative_generate.__signature__ = inspect.signature(speculative_generate).replace(parameters=[
+    *(p for p in inspect.signature(speculative_generate).parameters.values() if p.kind != p.VAR_KEYWORD),
+    *(inspect.Parameter(SpeculationOptions.keyword(f), inspect.Parameter.KEYWORD_ONLY, default=f.default)
+      for f in fields(SpeculationOptions)),
+    inspect.Parameter("model_kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 __all__ = ["speculative_generate", "SpeculationOptions", "Run"]

@@ -199,8 +199,7 @@ def decodes_rows_alone(model) -> bool:
     """Whether a batch of this target decodes one row at a time: its cache cannot hold rows that advance unevenly (see
     the design note in cache/ragged.py), since the holes a row's rejected drafts leave would shift a sliding window,
     or stay among the most recent slots that convolution layers read."""
-    return has_sliding_window(model.config) or (model.config.is_encoder_decoder is False
-                                                and mixes_slots(DynamicCache(config=model.config)))
+    return has_sliding_window(model.config) or mixes_slots(DynamicCache(config=model.config))
 
 
 def validate_batch(model, generation_config, cache) -> None:

@@ -10,7 +10,6 @@ import functools
 
 from transformers import StoppingCriteriaList, StopStringCriteria
 
-from ..assistants import as_drafter
 from ..generation.loop import speculative_generate
 
 
@@ -30,7 +29,6 @@ def enable(model):
             raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
         if model.config.is_encoder_decoder:
             raise ValueError("hf_specdec supports decoder-only targets; encoder-decoder models are not supported.")
-        as_drafter(assistant, target=model)  # a wrong name or type fails here, before any work (a name's is kept)
         streamer = kwargs.pop("streamer", None)
         # generate() drops `tokenizer` for custom_generate callables, so build the stop-string criterion here.
         stop_strings = kwargs.pop("stop_strings", None)
