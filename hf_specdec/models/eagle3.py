@@ -20,14 +20,14 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.keyword import CACHE
 from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from .config import LlamaLayerConfig
 from .saving import DrafterSaving
 from .spec_drafter import drafter_config_from_target
 
@@ -40,49 +40,20 @@ def default_layer_ids(num_layers: int) -> list[int]:
 
 
 @strict
-class Eagle3Config(PreTrainedConfig):
+class Eagle3Config(LlamaLayerConfig):
     r"""vocab_size: the TARGET's vocabulary; draft_vocab_size: the rows of the drafter's own LM head.
     target_layer_ids: the target layers whose INPUT hidden states are fused (i in 1..N; i = N is the last layer's
-    output before the final norm). target_hidden_size: their width. The rest is a Llama layer's config, plus what the
-    drafter was trained for (target_name_or_path, target_quantization), how (training) and what it measured."""
+    output before the final norm). target_hidden_size: their width. The rest is a Llama layer's shape and what every
+    drafter records (`LlamaLayerConfig`)."""
 
     model_type = MODEL_TYPE
 
-    vocab_size: int = 49152
     draft_vocab_size: int = 8192
-    hidden_size: int = 576
     target_hidden_size: int | None = None
     target_layer_ids: list[int] | None = None
-    intermediate_size: int = 1536
     num_hidden_layers: int = 1  # one drafter layer (its cache has one layer)
-    num_attention_heads: int = 9
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 8192
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-5
-    rope_parameters: RopeParameters | dict | None = None
-    attention_bias: bool = False
-    attention_dropout: float | int = 0.0
-    mlp_bias: bool = False
-    use_cache: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    tie_word_embeddings: bool = False
-    save_dtype: str | None = "float16"
-    target_name_or_path: str | None = None
-    target_quantization: str | None = "none"
-    num_draft_tokens_eval: int = 5
-    training: dict | None = None
-    measured: dict | None = None
 
     def __post_init__(self, **kwargs):
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
         if self.target_layer_ids is None:

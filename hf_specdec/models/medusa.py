@@ -19,19 +19,20 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from .borrowed import NOT_BOUND, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from .config import DrafterConfig
 from .saving import DrafterSaving
 
 MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
 
 
 @strict
-class MedusaConfig(PreTrainedConfig):
+class MedusaConfig(DrafterConfig):
     r"""num_heads: K (head i predicts the token i + 2 ahead). num_layers: residual blocks per head. share_lm_head: heads
-    end in the target's LM head (True) or in their own (False). target_name_or_path / target_quantization: what the
-    heads were trained for; training / measured: how, and the acceptance measured. head_accuracy[i][r]: how often
+    end in the target's LM head (True) or in their own (False); the target, training and measurements as every drafter
+    records them (`DrafterConfig`). head_accuracy[i][r]: how often
     head i's r-th most likely token was the target's, on held-out data (what `MedusaDrafter(heads, tree=N)` builds its
     N-node tree from)."""
 
@@ -43,12 +44,7 @@ class MedusaConfig(PreTrainedConfig):
     vocab_size: int = 49152
     share_lm_head: bool = True
     draft_vocab_size: int | None = 0  # shared head: propose only these many target tokens (FR-Spec; 0 = all)
-    save_dtype: str | None = "float16"
-    target_name_or_path: str | None = None
-    target_quantization: str | None = "none"
     num_draft_tokens_eval: int = 4
-    training: dict | None = None
-    measured: dict | None = None
     head_accuracy: list | None = None
 
     def __post_init__(self, **kwargs):

@@ -24,72 +24,36 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import DynamicCache, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils.deprecation import deprecate_kwarg
 
 from ..cache.keyword import CACHE
 from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from .config import LlamaLayerConfig
 from .saving import DrafterSaving
 
 MODEL_TYPE = "hf_specdec_drafter"
 
 
 @strict
-class SpecDrafterConfig(PreTrainedConfig):
-    r"""Configuration of a `SpecDrafterForCausalLM`, plus what the drafter is for.
+class SpecDrafterConfig(LlamaLayerConfig):
+    r"""Configuration of a `SpecDrafterForCausalLM` (a few Llama layers), plus what the drafter is for (`DrafterConfig`).
 
-    vocab_size: the TARGET's full vocabulary (the drafter proposes target token ids).
     draft_vocab_size: size of the reduced output vocabulary (0 or None: the full vocabulary).
     target_feature_input: EAGLE-style drafter: each position's input is its token embedding fused with the TARGET's
         final hidden state at the previous position (`target_features`); while drafting ahead the drafter feeds its
         own output hidden state instead. `hf_specdec.drafters.EagleDrafter` runs such drafters.
-    save_dtype: dtype of the weights on disk ("float16" halves the file; weights are cast back on load).
-    target_name_or_path / target_quantization: the target this drafter was distilled to, as deployed
-        ("none", "8bit" or "4bit" bitsandbytes).
-    num_draft_tokens_eval: draft length k of the acceptance figures in `measured`.
-    training: how it was trained (data, loss, steps, command...). measured: acceptance figures from the eval.
     """
 
     model_type = MODEL_TYPE
 
-    vocab_size: int = 49152
-    hidden_size: int = 576
-    intermediate_size: int = 1536
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 9
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 8192
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-5
-    rope_parameters: RopeParameters | dict | None = None
-    attention_bias: bool = False
-    attention_dropout: float | int = 0.0
-    mlp_bias: bool = False
-    use_cache: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    tie_word_embeddings: bool = False
     draft_vocab_size: int | None = 0
     target_feature_input: bool = False
-    save_dtype: str | None = "float16"
-    target_name_or_path: str | None = None
-    target_quantization: str | None = "none"
-    num_draft_tokens_eval: int = 5
-    training: dict | None = None
-    measured: dict | None = None
 
     def __post_init__(self, **kwargs):
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
         if self.draft_vocab_size and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in 1..vocab_size={self.vocab_size} (or 0 for the full vocabulary).")
         super().__post_init__(**kwargs)
