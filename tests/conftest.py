@@ -33,14 +33,18 @@ VOCAB = 96
 DEVICE = torch.device(os.environ.get("HF_SPECDEC_TEST_DEVICE", "cpu"))
 
 
-def tiny_llama(vocab=VOCAB, seed=0, layers=2, **overrides):
+def _tiny_llama_like(config_class, model_class, vocab, seed, layers, tie_word_embeddings, overrides):
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-        initializer_range=0.3, tie_word_embeddings=False, **overrides,
+        initializer_range=0.3, tie_word_embeddings=tie_word_embeddings, **overrides,
     )
-    return LlamaForCausalLM(config).eval()
+    return model_class(config).eval()
+
+
+def tiny_llama(vocab=VOCAB, seed=0, layers=2, **overrides):
+    return _tiny_llama_like(LlamaConfig, LlamaForCausalLM, vocab, seed, layers, False, overrides)
 
 
 def tiny_gpt2(vocab=VOCAB, seed=0, layers=2, **overrides):
@@ -53,13 +57,7 @@ def tiny_gpt2(vocab=VOCAB, seed=0, layers=2, **overrides):
 
 
 def tiny_qwen2(vocab=VOCAB, seed=0, layers=2, **overrides):
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-        initializer_range=0.3, tie_word_embeddings=True, **overrides,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return _tiny_llama_like(Qwen2Config, Qwen2ForCausalLM, vocab, seed, layers, True, overrides)
 
 
 ARCHITECTURES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": tiny_qwen2}

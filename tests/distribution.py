@@ -82,3 +82,18 @@ def sample_in_batches(model, prompt, num_samples, batch_size=500, seed=0, pad_to
 
 __all__ = ["captured_processors", "exact_joint_distribution", "chi_square_pvalue", "sample_sequences",
            "sample_in_batches"]
+
+
+#: four sampled tokens of a tiny target: enough for its second drafts to be verified
+SHORT_SAMPLE = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)
+
+
+def speculative_sample_pvalue(target, prompt, drafter, num_draft_tokens=2, stats=None, samples: int = 20_000) -> float:
+    """The chi-square p-value of `samples` speculative draws of SHORT_SAMPLE against the target's exact joint
+    distribution of those four tokens."""
+    from hf_specdec import speculative_generate
+
+    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **SHORT_SAMPLE), 4)
+    drawn = sample_in_batches(target, prompt, samples, custom_generate=speculative_generate, assistant=drafter,
+                              num_draft_tokens=num_draft_tokens, speculation_stats=stats, **SHORT_SAMPLE)
+    return chi_square_pvalue(drawn, exact)

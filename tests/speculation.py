@@ -119,6 +119,56 @@ def left_pad(prompts):
     return ids, mask
 
 
+def check_greedy_prompt_by_prompt(target, drafter, prompts, k: int, depth: int, adaptive_depth: int = 1) -> None:
+    """Each prompt decoded with 1 and `k` drafts a step, and adaptively up to `k` (scripted costs), is plain greedy's
+    output; drafts were accepted `depth` deep at constant lengths and `adaptive_depth` deep adaptively, and the policy
+    changed its length."""
+    from hf_specdec import SpeculationStats, speculative_generate
+
+    stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
+    for prompt in prompts:
+        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        for length, draft_length, st in ((1, "constant", stats), (k, "constant", stats), (k, policy, adaptive)):
+            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
+                                  num_draft_tokens=length, draft_length=draft_length, max_new_tokens=24, do_sample=False,
+                                  speculation_stats=st)
+            assert torch.equal(out, expected), (length, draft_length)
+    assert_speculated(stats, depth=depth)
+    assert_speculated(adaptive, depth=adaptive_depth)
+    assert_adapted(policy)
+
+
+def check_greedy_identical(target, drafter, prompts, max_new_tokens: int = 12) -> None:
+    """Each prompt decoded with `drafter` (its own default length, constant) is plain greedy's output, and drafts were
+    accepted."""
+    from hf_specdec import SpeculationStats, speculative_generate
+
+    stats = SpeculationStats()
+    for prompt in prompts:
+        out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter,
+                              max_new_tokens=max_new_tokens, do_sample=False, speculation_stats=stats,
+                              draft_length="constant")
+        assert torch.equal(out, target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False))
+    assert_speculated(stats)
+
+
+def check_batches_with_an_early_eos(target, drafter, prompts, lengths, stats, batch_sizes=(2, 6)) -> None:
+    """Left-padded batches of the first 2 and 6 prompts, whose last row meets its EOS after 5 tokens, decoded with
+    each of `lengths` drafts a step (constant), are plain greedy's output."""
+    from hf_specdec import speculative_generate
+
+    for batch_size in batch_sizes:
+        ids, mask = left_pad(prompts[:batch_size])
+        free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
+        eos = [int(free[-1, ids.shape[1] + 4])]  # the last row stops early
+        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+        expected = target.generate(ids, **kwargs)
+        for k in lengths:
+            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
+                                  speculation_stats=stats, **kwargs, draft_length="constant")
+            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+
+
 # --- drafters that agree with a tiny random target --------------------------------------------------------------------
 def quiet_last_layer(target, scale: float = 0.3):
     """Scale down the residual contributions of the target's last decoder layer, so that its first layers predict

@@ -9,11 +9,12 @@ import torch
 from hf_specdec import AutoDrafter, BlockDrafterConfig, BlockDrafterModel, SpeculationStats, as_drafter, speculative_generate
 from hf_specdec.drafters import BlockDrafter
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
-from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.distribution import SHORT_SAMPLE, speculative_sample_pvalue
 from tests.speculation import (
+    check_batches_with_an_early_eos,
+    check_greedy_identical,
+    check_greedy_prompt_by_prompt,
     PAD,
-    ScriptedCosts,
-    assert_adapted,
     assert_speculated,
     fitted_block,
     left_pad,
@@ -50,16 +51,7 @@ def test_block_greedy_identical(arch, one_thread):
     prompts = random_prompts(6, vocab=16, seed=5)
     drafter = fitted_block(target, prompts, block_size=3, layer_ids=[1, 2, 4])
     assert isinstance(as_drafter(drafter), BlockDrafter)
-    stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
-    for prompt in prompts:
-        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        for k, draft_length, st in ((1, "constant", stats), (3, "constant", stats), (3, policy, adaptive)):
-            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=st)
-            assert torch.equal(out, expected), (k, draft_length)
-    assert_speculated(stats, depth=3)
-    assert_speculated(adaptive)
-    assert_adapted(policy)
+    check_greedy_prompt_by_prompt(target, drafter, prompts, k=3, depth=3)
 
 
 def test_block_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_thread):
@@ -67,16 +59,7 @@ def test_block_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_th
     prompts = random_prompts(12, vocab=16, seed=9, min_len=2, max_len=12)
     drafter = fitted_block(target, prompts, block_size=2, draft_vocab=torch.arange(12) + 4)  # ids 0..3 never proposed
     stats = SpeculationStats()
-    for batch_size in (2, 6):
-        ids, mask = left_pad(prompts[:batch_size])
-        free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        eos = [int(free[-1, ids.shape[1] + 4])]  # the last row stops early
-        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
-        expected = target.generate(ids, **kwargs)
-        for k in (2, 3):
-            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs, draft_length="constant")
-            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+    check_batches_with_an_early_eos(target, drafter, prompts, (2, 3), stats)
     assert_speculated(stats, depth=2, rows=5, uneven=True)  # (the last row stops after 5 tokens)
 
 
@@ -102,14 +85,10 @@ def test_block_tree_greedy_identical_batched(one_thread):
 def block_sampling_pvalue(drafter_transform=lambda d: d, stats=None, tree="chain"):
     target = tiny_llama(vocab=12, seed=0, layers=4)
     prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: second drafts get verified
     torch.manual_seed(0)
-    model = fitted_block(target, [prompt] * 24, block_size=2, sharpness=2.0, **kwargs)
+    model = fitted_block(target, [prompt] * 24, block_size=2, sharpness=2.0, **SHORT_SAMPLE)
     drafter = drafter_transform(BlockDrafter(model, tree=tree))
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 4)
-    drawn = sample_in_batches(target, prompt, 20_000, custom_generate=speculative_generate, assistant=drafter,
-                              num_draft_tokens=None if tree != "chain" else 2, speculation_stats=stats, **kwargs)
-    return chi_square_pvalue(drawn, exact)
+    return speculative_sample_pvalue(target, prompt, drafter, None if tree != "chain" else 2, stats)
 
 
 def test_block_sampling_matches_target(one_thread):
@@ -139,12 +118,7 @@ def test_block_round_trip_and_clear_errors(tmp_path, one_thread):
     assert isinstance(loaded, BlockDrafterModel) and loaded.is_bound and loaded.config.block_size == 4
     assert "embed_tokens.weight" not in loaded.state_dict()  # the target's, borrowed
     assert torch.equal(loaded.mask_embedding, drafter.mask_embedding.half().float())  # (saved in fp16)
-    stats = SpeculationStats()
-    for prompt in prompts:
-        a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12,
-                            do_sample=False, speculation_stats=stats, draft_length="constant")
-        assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
-    assert_speculated(stats)
+    check_greedy_identical(target, loaded, prompts)
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         BlockDrafterConfig(block_size=0)
     with pytest.raises(TypeError, match="BlockDrafterModel"):

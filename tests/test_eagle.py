@@ -12,13 +12,13 @@ from hf_specdec.drafters import EagleDrafter
 from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import final_norm
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
-from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.distribution import speculative_sample_pvalue
 from tests.speculation import (
+    check_batches_with_an_early_eos,
+    check_greedy_prompt_by_prompt,
     PAD,
     RecordingEagle,
-    ScriptedCosts,
     agreeing_eagle,
-    assert_adapted,
     assert_speculated,
     left_pad,
     lie_about_second_q,
@@ -43,16 +43,7 @@ def test_eagle_greedy_identical(make_target, one_thread):
     target = quiet_last_layer(make_target(vocab=16, seed=0))
     drafter = agreeing_eagle(target)
     assert isinstance(as_drafter(drafter), EagleDrafter)
-    stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
-    for prompt in random_prompts(12, vocab=16, seed=5):
-        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        for k, draft_length, st in ((1, "constant", stats), (4, "constant", stats), (4, policy, adaptive)):
-            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=st)
-            assert torch.equal(out, expected), (k, draft_length)
-    assert_speculated(stats, depth=4)
-    assert_speculated(adaptive, depth=2)
-    assert_adapted(policy)
+    check_greedy_prompt_by_prompt(target, drafter, random_prompts(12, vocab=16, seed=5), k=4, depth=4, adaptive_depth=2)
 
 
 def test_eagle_batched_greedy_identical_with_eos(one_thread):
@@ -61,16 +52,7 @@ def test_eagle_batched_greedy_identical_with_eos(one_thread):
     drafter.set_draft_vocab(torch.arange(12) + 4)  # ids 0..3 are never proposed
     prompts = random_prompts(12, vocab=16, seed=9, min_len=2, max_len=12)
     stats = SpeculationStats()
-    for batch_size in (2, 6):
-        ids, mask = left_pad(prompts[:batch_size])
-        free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        eos = [int(free[-1, ids.shape[1] + 4])]  # the last row stops early
-        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
-        expected = target.generate(ids, **kwargs)
-        for k in (2, 5):
-            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs, draft_length="constant")
-            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+    check_batches_with_an_early_eos(target, drafter, prompts, (2, 5), stats)
     assert_speculated(stats, depth=3, rows=6, uneven=True)
 
 
@@ -100,11 +82,7 @@ def eagle_sampling_pvalue(drafter_transform=lambda d: d, stats=None):
     target = quiet_last_layer(tiny_llama(vocab=12, seed=0))
     drafter = drafter_transform(EagleDrafter(agreeing_eagle(target)))
     prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: second drafts get verified
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 4)
-    drawn = sample_in_batches(target, prompt, 20_000, custom_generate=speculative_generate, assistant=drafter,
-                              num_draft_tokens=2, speculation_stats=stats, **kwargs)
-    return chi_square_pvalue(drawn, exact)
+    return speculative_sample_pvalue(target, prompt, drafter, 2, stats)
 
 
 def test_eagle_sampling_matches_target(one_thread):

@@ -11,12 +11,13 @@ from hf_specdec.cache.hidden import decoder_layers
 from hf_specdec.drafters import Eagle3Drafter
 from hf_specdec.models.eagle3 import default_layer_ids
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
-from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
+from tests.distribution import SHORT_SAMPLE, speculative_sample_pvalue
 from tests.speculation import (
+    check_batches_with_an_early_eos,
+    check_greedy_identical,
+    check_greedy_prompt_by_prompt,
     PAD,
     RecordingEagle,
-    ScriptedCosts,
-    assert_adapted,
     assert_speculated,
     fitted_eagle3,
     left_pad,
@@ -40,16 +41,7 @@ def test_eagle3_greedy_identical(arch, one_thread):
     prompts = random_prompts(6, vocab=16, seed=5)
     drafter = fitted_eagle3(target, prompts, layer_ids=[1, 2, 4])
     assert isinstance(as_drafter(drafter), Eagle3Drafter)
-    stats, adaptive, policy = SpeculationStats(), SpeculationStats(), ScriptedCosts()
-    for prompt in prompts:
-        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        for k, draft_length, st in ((1, "constant", stats), (4, "constant", stats), (4, policy, adaptive)):
-            out = target.generate(prompt, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  draft_length=draft_length, max_new_tokens=24, do_sample=False, speculation_stats=st)
-            assert torch.equal(out, expected), (k, draft_length)
-    assert_speculated(stats, depth=3)
-    assert_speculated(adaptive)
-    assert_adapted(policy)
+    check_greedy_prompt_by_prompt(target, drafter, prompts, k=4, depth=3)
 
 
 def test_eagle3_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_thread):
@@ -58,16 +50,7 @@ def test_eagle3_batched_greedy_identical_with_eos_and_a_reduced_vocabulary(one_t
     drafter = fitted_eagle3(target, prompts, draft_vocab=torch.arange(12) + 4)  # ids 0..3 are never proposed
     assert drafter.draft_vocab.tolist() == list(range(4, 16))
     stats = SpeculationStats()
-    for batch_size in (2, 6):
-        ids, mask = left_pad(prompts[:batch_size])
-        free = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
-        eos = [int(free[-1, ids.shape[1] + 4])]  # the last row stops early
-        kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
-        expected = target.generate(ids, **kwargs)
-        for k in (2, 5):
-            out = target.generate(ids, custom_generate=speculative_generate, assistant=drafter, num_draft_tokens=k,
-                                  speculation_stats=stats, **kwargs, draft_length="constant")
-            assert torch.equal(out, expected), f"batch={batch_size} k={k}"
+    check_batches_with_an_early_eos(target, drafter, prompts, (2, 5), stats)
     assert_speculated(stats, depth=2, rows=5, uneven=True)  # (the last row stops after 5 tokens)
 
 
@@ -109,13 +92,9 @@ def decoder_layer_output(target, ids, index):
 def eagle3_sampling_pvalue(drafter_transform=lambda d: d, stats=None):
     target = tiny_llama(vocab=12, seed=0, layers=4)
     prompt = torch.tensor([[1, 5, 7, 2]])
-    kwargs = dict(do_sample=True, max_new_tokens=4, temperature=0.8, top_k=6)  # 4 tokens: second drafts get verified
     torch.manual_seed(0)
-    drafter = drafter_transform(Eagle3Drafter(fitted_eagle3(target, [prompt] * 24, sharpness=2.0, **kwargs)))
-    exact = exact_joint_distribution(target, prompt, captured_processors(target, prompt, **kwargs), 4)
-    drawn = sample_in_batches(target, prompt, 20_000, custom_generate=speculative_generate, assistant=drafter,
-                              num_draft_tokens=2, speculation_stats=stats, **kwargs)
-    return chi_square_pvalue(drawn, exact)
+    drafter = drafter_transform(Eagle3Drafter(fitted_eagle3(target, [prompt] * 24, sharpness=2.0, **SHORT_SAMPLE)))
+    return speculative_sample_pvalue(target, prompt, drafter, 2, stats)
 
 
 def test_eagle3_sampling_matches_target(one_thread):
@@ -139,12 +118,7 @@ def test_eagle3_round_trip_and_clear_errors(tmp_path, one_thread):
     assert isinstance(loaded, Eagle3DraftModel) and loaded.is_bound
     assert "embed_tokens.weight" not in loaded.state_dict()  # the target's, borrowed
     assert torch.equal(loaded.draft_vocab, drafter.draft_vocab)
-    stats = SpeculationStats()
-    for prompt in prompts:
-        a = target.generate(prompt, custom_generate=speculative_generate, assistant=loaded, max_new_tokens=12,
-                            do_sample=False, speculation_stats=stats, draft_length="constant")
-        assert torch.equal(a, target.generate(prompt, max_new_tokens=12, do_sample=False))
-    assert_speculated(stats)
+    check_greedy_identical(target, loaded, prompts)
     with pytest.raises(ValueError, match="16-token vocabulary and hidden size 48.*has 20 and 48"):
         Eagle3DraftModel.from_pretrained(tmp_path).bind_target(tiny_llama(vocab=20, layers=4))
     with pytest.raises(ValueError, match="reads target layers .* only 2"):
