@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throughput at batch 1, 4 and 8 with the distilled drafter against plain batched generate() (BENCHMARKS.md,
-# "Batches"): 32 dev prompts in left-padded batches, 128 new tokens, greedy, k = 3.
+# "What speed-up on my kind of prompts"): 32 dev prompts in left-padded batches, 128 new tokens, greedy, k = 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${PROMPTS:-dev}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's equal-time table (BENCHMARKS.md, "Trained on the target's own answers"): SmolLM2's own greedy answers
+# Issue 28's equal-time table (BENCHMARKS.md, "What training buys"): SmolLM2's own greedy answers
 # to 512 ShareGPT prompts (fp32: the bf16 copy generates slower on a CPU), with the states entering layers 2, 15 and
 # 27; then the block drafter, the EAGLE-3-style drafter and the token-only drafter trained on them for the same
 # time (HOURS, default 0.15 h each), each measured by its final eval through the real loop; then all of them on the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's data-source row (BENCHMARKS.md, "On-policy against scored answers"): the token-only drafter trained for
+# Issue 28's data-source row (BENCHMARKS.md, "What training buys"): the token-only drafter trained for
 # the same steps on the same number of target tokens from (a) SmolLM2's own greedy answers to ShareGPT prompts (the
 # on-policy set of block_equal_time.sh) or (b) ShareGPT's own (ChatGPT) answers scored by SmolLM2, each measured by its
 # final eval through the real loop on the same held-out prompts. Resumable: rerun it after an interruption.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The EAGLE-3 data curve and the comparison rows of BENCHMARKS.md ("Drafters trained on one prepared set"): teacher
+# The EAGLE-3 data curve and the comparison rows of BENCHMARKS.md ("What training buys"): teacher
 # data prepared once (ShareGPT answers scored teacher-forced by the fp32 SmolLM2, top-32 log-probs, and in the same
 # forward the states entering layers 2, 15 and 27), then one recipe on nested subsets of N target tokens (--max-train-tokens), and each drafter
 # measured on the first 30 dev prompts at k = 5 (tokens per target forward: timing-free).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # n-gram lookup against transformers' prompt lookup on prompts whose answers copy their input (BENCHMARKS.md,
-# "Input-grounded prompts"): examples/input_grounded_prompts.jsonl, 128 new tokens, greedy, both capped at 10 drafts.
+# "What speed-up on my kind of prompts"): examples/input_grounded_prompts.jsonl, 128 new tokens, greedy, both capped
+# at 10 drafts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p benchmarks/results

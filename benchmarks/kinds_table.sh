@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kinds table of BENCHMARKS.md ("Drafters of every kind on one prepared set"): token-only, EAGLE-1-style and Medusa
+# The kinds table of BENCHMARKS.md ("What training buys"): token-only, EAGLE-1-style and Medusa
 # drafters trained with the EAGLE-3 curve's recipe (batches of 8, lr 1e-3) on the same 250k-token subset of the same
 # prepared set, for 100 steps (the EAGLE-3 row's steps) and, for the cheaper kinds, for about the EAGLE-3 row's
 # training time (token-only: 300 steps; Medusa: 900), then measured like the curve (first 30 dev prompts, greedy,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's 4-bit row (BENCHMARKS.md, "The 4-bit target's own answers"): the token-only drafter trained for the same
+# Issue 28's 4-bit row (BENCHMARKS.md, "What training buys"): the token-only drafter trained for the same
 # steps on the same number of target tokens from (a) the deployed 4-bit (bitsandbytes) SmolLM2's own greedy answers,
 # distilled against the 4-bit target, or (b) the fp32 SmolLM2's own answers (the on-policy set of
 # block_equal_time.sh), distilled against fp32; then both measured against the 4-bit target on the dev prompts,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sampled chat and batches (BENCHMARKS.md, "Sampling and batches"): the default draft-length policy of each setting
-# against plain decoding, hf_specdec with no drafts, and the same drafter at a constant length, interleaved prompt by
-# prompt in one process; the first 16 dev prompts (32 for batches of 8), 96 new tokens, cap k = 5.
+# Sampled chat and batches (BENCHMARKS.md, "What speed-up on my kind of prompts"): the default draft-length policy of
+# each setting against plain decoding, hf_specdec with no drafts, and the same drafter at a constant length,
+# interleaved prompt by prompt in one process; the first 16 dev prompts (32 for batches of 8), 96 new tokens, cap k = 5.
 #   bash benchmarks/sampling_and_batches.sh                 # every setting (about 25 minutes on 2 cores, a quiet machine)
 #   bash benchmarks/sampling_and_batches.sh t07 b4          # only these
 set -euo pipefail
