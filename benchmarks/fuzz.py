@@ -125,7 +125,7 @@ def drafter_for(name: str, target, noisy):
         return MedusaDrafter(heads, tree=name.split(":")[1] if name.endswith("chain") else "default")
     if name in ("eagle", "eagle3", "block"):
         from hf_specdec import BlockDrafterConfig, BlockDrafterModel, Eagle3Config, Eagle3DraftModel
-        from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+        from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
 
         torch.manual_seed(3)
         layers = target.config.get_text_config().num_hidden_layers

@@ -127,7 +127,7 @@ def phases(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     import hf_specdec.generation.loop as loop_module
     import hf_specdec.generation.step as step_module
     from hf_specdec.cache.ragged import RaggedKV
-    from hf_specdec.drafters.draft_model import DraftModelDrafter
+    from hf_specdec.kinds.draft_model.drafter import DraftModelDrafter
     from hf_specdec.generation.validate import AcceptRule
 
     target = tiny_target()

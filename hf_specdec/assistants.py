@@ -22,12 +22,12 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .auto_drafter import AutoDrafter
 from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
-from .drafters.draft_model import DraftModelDrafter
+from .kinds.draft_model.drafter import DraftModelDrafter
 from .drafters.fallback import FallbackDrafter
-from .drafters.medusa import MedusaDrafter
+from .kinds.medusa.drafter import MedusaDrafter
 from .drafters.per_row import PerRowDrafter
 from .kinds import kind_of
-from .models.medusa import MedusaHeads
+from .kinds.medusa.model import MedusaHeads
 from .names import Name, Part, UnknownDrafterError, known_names, parse
 
 ACCEPTED_ASSISTANTS = (

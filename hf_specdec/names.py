@@ -52,7 +52,7 @@ WORDS = {word.name: word for word in (
     Word("none", "", "drafters.plain:PlainDrafter.for_target", "no drafts: plain steps through hf_specdec's loop"),
     Word("self", "optional", "drafters.self_speculative:SelfSpeculativeDrafter.for_target",
          "the target's own first L layers (default: half)"),
-    Word("layers", "required", "drafters.draft_model:DraftModelDrafter.from_early_layers", "an untrained draft model cut from the first N layers"),
+    Word("layers", "required", "kinds.draft_model.drafter:DraftModelDrafter.from_early_layers", "an untrained draft model cut from the first N layers"),
 )}
 
 #: what may follow a loaded drafter's name (Medusa heads only): their top-1 chain, the default tree, an N-node tree

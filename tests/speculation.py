@@ -17,10 +17,10 @@ import torch
 from hf_specdec import MedusaConfig, MedusaHeads
 from hf_specdec.draft_length import AdaptiveDraftLength, CalibratedDraftLength
 from hf_specdec.drafters import CrossTokenizerDrafter, EagleDrafter
-from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import entering_layers, final_norm
-from hf_specdec.models.block import BlockDrafterConfig, BlockDrafterModel
-from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
+from hf_specdec.kinds.block.model import BlockDrafterConfig, BlockDrafterModel
+from hf_specdec.kinds.eagle3.model import Eagle3Config, Eagle3DraftModel
 
 
 def assert_speculated(stats, *, depth: int = 1, rejected: bool = True, rows: int = 0, uneven: bool = False,

@@ -17,7 +17,7 @@ import torch
 from hf_specdec import SpecDrafterForCausalLM
 from hf_specdec.cli import _target_flags, load_target_from, main
 from hf_specdec.errors import InputError
-from hf_specdec.models.spec_drafter import drafter_config_from_target
+from hf_specdec.kinds.draft_model.model import drafter_config_from_target
 from tests.conftest import tiny_char_tokenizer, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]

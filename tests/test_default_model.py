@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_specdec import NgramDrafter, SpeculationStats, default_model, speculative_generate
-from hf_specdec.drafters.draft_model import early_layers_draft_model
+from hf_specdec.kinds.draft_model.drafter import early_layers_draft_model
 from hf_specdec.cli.bench import encode_batch, encode_prompt
 from hf_specdec.cli import main
 from hf_specdec.shipped import shipped_drafter_names

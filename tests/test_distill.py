@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 import hf_specdec
 from hf_specdec import kinds
 from hf_specdec.cache.hidden import decoder_layers, entering_layers
-from hf_specdec.models.eagle3 import Eagle3Config, Eagle3DraftModel
-from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.kinds.eagle3.model import Eagle3Config, Eagle3DraftModel
+from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
 import hf_specdec.drafters
 import hf_specdec.hub
 
@@ -33,7 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 from hf_specdec.errors import InputError  # noqa: E402
 from hf_specdec.cli import main as cli_main  # noqa: E402
 from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
-from training import adapters, arguments, checkpoints, distill, evaluate, layer_states, losses, medusa, prepare, sources, states, token_drafters  # noqa: E402
+from training import adapters, arguments, checkpoints, distill, evaluate, losses, prepare, sources, states  # noqa: E402
+from hf_specdec.kinds.eagle import training as eagle_training  # noqa: E402
+from hf_specdec.kinds.eagle3 import training as eagle3_training  # noqa: E402
+from hf_specdec.kinds.medusa import training as medusa_training  # noqa: E402
 from training import data as teacher_data  # noqa: E402
 from training import target as deployed  # noqa: E402
 from tests.bigram_kind import BIGRAM, BigramTable  # noqa: E402
@@ -391,7 +394,7 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
     seen = []
     original = drafter.forward
     with mock.patch.object(drafter, "forward", side_effect=lambda **kw: seen.append(kw["target_features"]) or original(**kw)):
-        logits, _ = token_drafters.eagle_passes(drafter, batch, unroll_steps=1)
+        logits, _ = eagle_training.eagle_passes(drafter, batch, unroll_steps=1)
     assert len(logits) == 2 and logits[0].shape[0] == int(positions.sum())
     torch.testing.assert_close(seen[0][:, 1:], batch["features"][:, :-1])
     assert not seen[0][:, 0].any()
@@ -425,12 +428,12 @@ def test_a_one_pass_schedule_trains_one_pass_first_then_all_and_resumes_on_sched
     """--ttt-one-pass-steps N: the first N optimisation steps run one training-time-test pass, the later ones all
     --ttt-steps; a run resumed past N goes on with all of them."""
     passes = []
-    real = layer_states.training_time_test_passes
+    real = eagle3_training.training_time_test_passes
     spy = lambda model, batch, steps, decay: (passes.append(steps) if torch.is_grad_enabled() else None) or \
         real(model, batch, steps, decay)  # noqa: E731
     common = dict(drafter="eagle3", target_layers="1,2,2", ttt_steps=3, ttt_one_pass_steps=2, eval_every=3,
                   save_every=3, draft_vocab_size=64, data_cache_dir=tmp_path / "cache")
-    with mock.patch.object(layer_states, "training_time_test_passes", spy):
+    with mock.patch.object(eagle3_training, "training_time_test_passes", spy):
         run_in_process(cli(world, tmp_path / "run", max_steps=3, **common))
         assert passes == [1, 1, 3]
         summary = run_in_process(cli(world, tmp_path / "run", max_steps=5, **common) + ["--resume"])
@@ -561,7 +564,7 @@ def test_training_time_test_passes_see_what_drafting_ahead_sees():
     positions[:, 3:] = True
     batch = {"input_ids": ids, "positions": positions, "features": torch.randn(2, 9, 3 * 48)}
     with torch.no_grad():
-        passes, weights = layer_states.training_time_test_passes(drafter, batch, steps=3, decay=0.5)
+        passes, weights = eagle3_training.training_time_test_passes(drafter, batch, steps=3, decay=0.5)
         assert weights == [1.0, 0.5, 0.25]
         fused = drafter.fuse(batch["features"])
         for r, logits in enumerate(passes):
@@ -583,7 +586,7 @@ def test_training_time_test_passes_see_what_drafting_ahead_sees():
 # --- Medusa heads ---------------------------------------------------------------------------------------------------------
 def test_medusa_pairs_align_heads_with_future_teacher_rows():
     positions = torch.tensor([[False, True, True, True, True, False], [False, False, True, True, False, False]])
-    source, teacher = medusa.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
+    source, teacher = medusa_training.medusa_pairs(positions, 1)  # head 1 at j reads f_j and learns the teacher at j + 2
     assert source.nonzero().tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1]]
     # teacher rows (row-major over `positions`): row 0 -> 0..3 at j = 1..4, row 1 -> 4, 5 at j = 2, 3
     assert teacher.tolist() == [1, 2, 3, 4, 5]

@@ -9,7 +9,7 @@ import torch
 from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec import as_drafter
 from hf_specdec.drafters import EagleDrafter
-from hf_specdec.models.spec_drafter import SpecDrafterForCausalLM, drafter_config_from_target
+from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import final_norm
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import speculative_sample_pvalue

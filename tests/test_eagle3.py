@@ -9,7 +9,7 @@ import torch
 from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, SpeculationStats, as_drafter, speculative_generate
 from hf_specdec.cache.hidden import decoder_layers
 from hf_specdec.drafters import Eagle3Drafter
-from hf_specdec.models.eagle3 import default_layer_ids
+from hf_specdec.kinds.eagle3.model import default_layer_ids
 from tests.conftest import random_prompts, tiny_gpt2, tiny_llama, tiny_qwen2
 from tests.distribution import SHORT_SAMPLE, speculative_sample_pvalue
 from tests.speculation import (

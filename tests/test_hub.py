@@ -32,7 +32,7 @@ from hf_specdec.export import export_drafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
 from hf_specdec.hub.card import drafter_kind
 from hf_specdec.integrations.custom_generate import generate
-from hf_specdec.models.spec_drafter import drafter_config_from_target
+from hf_specdec.kinds.draft_model.model import drafter_config_from_target
 
 from tests.conftest import VOCAB, random_prompts, tiny_char_tokenizer, tiny_llama
 

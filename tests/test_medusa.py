@@ -15,7 +15,7 @@ from hf_specdec import as_drafter
 from hf_specdec.cache.ragged import RaggedKV
 from hf_specdec.drafters import MedusaDrafter
 from hf_specdec.drafters.positionwise import best_tree, tree_parents
-from hf_specdec.models.spec_drafter import TargetNotBoundError
+from hf_specdec.kinds.draft_model.model import TargetNotBoundError
 from hf_specdec.tree import Tree
 from hf_specdec.verification import Accepted, residual_distribution
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2

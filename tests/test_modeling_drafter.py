@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
-from hf_specdec.models.spec_drafter import (
+from hf_specdec.kinds.draft_model.model import (
     SpecDrafterConfig,
     SpecDrafterForCausalLM,
     TargetNotBoundError,

@@ -16,7 +16,7 @@ data, build the drafter, train, evaluate through the real decoding loop, checkpo
                   (--prepare-only makes it and stops)
   data.py         the teacher data's files and the training batches
   adapters.py     the interface of a kind's training (build, feed, score) and its own options; the built-in kinds'
-                  adapters in token_drafters.py, layer_states.py and medusa.py (named by each kind's registration)
+                  adapters in hf_specdec/kinds/<kind>/training.py (named by each kind's registration)
   on_policy.py    batches the drafter continues and the target scores (--on-policy-ratio)
   losses.py       fkl, rkl, tvd, jsd, the LK losses, ce on the target's top-K + "rest" buckets
   evaluate.py     acceptance through `speculative_generate` on held-out prompts

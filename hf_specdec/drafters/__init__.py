@@ -1,19 +1,29 @@
-"""Drafters: one file per drafting strategy, all behind the batched protocol in `base.py`."""
+"""Drafters: the batched protocol (`base.py`), the model-free strategies and the wrappers that combine drafters. The
+drafters of trained kinds live with their kind (`hf_specdec/kinds/<kind>/drafter.py`) and are named here too."""
+
+import importlib
 
 from .base import CandidateGeneratorDrafter, Draft, Drafter, DraftSettings, SequenceDrafter, Verified
-from .block import BlockDrafter
 from .cross_tokenizer import CrossTokenizerDrafter
-from .draft_model import DraftModelDrafter
-from .eagle import EagleDrafter
-from .eagle3 import Eagle3Drafter
 from .fallback import FallbackDrafter
-from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
 from .per_row import PerRowDrafter
 from .plain import PlainDrafter
 from .recycle import RecycleDrafter
-from .self_speculative import SelfSpeculativeDrafter
 from .suffix import SuffixDrafter, SuffixIndex
+
+#: drafters built on a trained kind's, loaded on first use (the kinds import this package's base)
+_LAZY = {"DraftModelDrafter": "hf_specdec.kinds.draft_model.drafter", "EagleDrafter": "hf_specdec.kinds.eagle.drafter",
+         "Eagle3Drafter": "hf_specdec.kinds.eagle3.drafter", "BlockDrafter": "hf_specdec.kinds.block.drafter",
+         "MedusaDrafter": "hf_specdec.kinds.medusa.drafter",
+         "SelfSpeculativeDrafter": "hf_specdec.drafters.self_speculative"}  # (a draft model of the target's own layers)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hf_specdec.drafters' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "Draft",
@@ -21,13 +31,7 @@ __all__ = [
     "SequenceDrafter",
     "DraftSettings",
     "Verified",
-    "DraftModelDrafter",
     "NgramDrafter",
-    "SelfSpeculativeDrafter",
-    "EagleDrafter",
-    "Eagle3Drafter",
-    "BlockDrafter",
-    "MedusaDrafter",
     "FallbackDrafter",
     "PerRowDrafter",
     "PlainDrafter",
@@ -36,4 +40,5 @@ __all__ = [
     "SuffixIndex",
     "CrossTokenizerDrafter",
     "CandidateGeneratorDrafter",
+    *_LAZY,
 ]

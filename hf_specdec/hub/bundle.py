@@ -52,7 +52,7 @@ def bundle_sources() -> dict[str, str]:
     imports.
 
     Two rewrites, nothing else: relative imports name the flattened modules (`from ..cache.ragged` in
-    `drafters/eagle.py` -> `from .cache_ragged`), and module-level `*.register(...)` calls are left out, so that a
+    `kinds/eagle/drafter.py` -> `from .cache_ragged`), and module-level `*.register(...)` calls are left out, so that a
     bundled copy never re-registers the drafter type over an installed hf_specdec's own classes.
     """
     sources, todo = {}, [BUNDLE_ENTRY]

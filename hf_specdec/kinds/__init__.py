@@ -4,9 +4,10 @@ A kind is registered once: its name (also its Hub tag), its config and model cla
 with it, the serving-engine formats it exports to, and its training adapter. `AutoDrafter` (loading), `as_drafter`
 (decoding), model cards (tags), `export` and `training/` read the registry; none of them names a kind.
 
-Adding a kind is one file plus one registration line (as peft's `register_peft_method`):
+A kind is one folder, `kinds/<kind>/` (as peft keeps one per method): `model.py` (its config and model), `drafter.py`
+(how it decodes), `training.py` (its training adapter) and `export.py` (its serving-engine layout). Adding a kind is
+that folder plus one registration line (as peft's `register_peft_method`), here or in your own package:
 
-    # my_kind.py: MyConfig(PretrainedConfig) with model_type="my_kind", MyModel(PreTrainedModel), MyDrafter(Drafter)
     register_drafter_kind(DrafterKind("my-kind", MyConfig, MyModel, MyDrafter, exporters={"vllm-x": export_x},
                                       training="my_package.train:MyAdapter"))
 
@@ -14,8 +15,8 @@ Several kinds may share a config class (token-only and EAGLE-style drafters are 
 then tells them apart. Exporters are `exporter(model, target, out_folder, dtype)`, or their "module:name" (the
 built-in ones are named, so that decoding, and the `custom_generate/` copy of it, never loads export code). `training`
 names the `module:attribute` of the kind's training adapter (a subclass of `training.adapters.Adapter`: how to build,
-feed and score the kind, and its `Options` dataclass), which `python -m training.distill --drafter <kind name>` loads; the training code lies
-outside the package, so it is named, not imported.
+feed and score the kind, and its `Options` dataclass), which `training/distill.py --drafter <kind name>` loads; it
+builds on the trainer in the checkout's `training/`, so it is named, not imported.
 """
 
 from __future__ import annotations
@@ -26,16 +27,11 @@ from typing import Callable
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from .drafters.block import BlockDrafter
-from .drafters.draft_model import DraftModelDrafter
-from .drafters.eagle import EagleDrafter
-from .drafters.eagle3 import Eagle3Drafter
-from .drafters.medusa import MedusaDrafter
-from .models.block import BlockDrafterConfig, BlockDrafterModel
-from .models.eagle3 import Eagle3Config, Eagle3DraftModel
-from .models.medusa import MedusaConfig, MedusaHeads
-from .models.spec_drafter import SpecDrafterConfig, SpecDrafterForCausalLM
-
+from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel
+from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
+from .eagle import EagleDrafter
+from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter
+from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads
 
 @dataclass(frozen=True)
 class DrafterKind:
@@ -105,25 +101,26 @@ class _AttributeView:
         return None
 
 
+# one line a kind: its folder holds the config, model, drafter, exporter and training adapter named here
 register_drafter_kind(DrafterKind(
     "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter,
-    matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": "hf_specdec.serving:export_vllm_draft"},
-    training="training.token_drafters:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
+    matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": f"{__name__}.draft_model.export:export_vllm_draft"},
+    training=f"{__name__}.draft_model.training:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
 register_drafter_kind(DrafterKind(
     "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter,
-    matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": "hf_specdec.serving:export_vllm_eagle"},
-    training="training.token_drafters:EagleTraining", description="an EAGLE-style drafter reading the target's hidden states"))
+    matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": f"{__name__}.eagle.export:export_vllm_eagle"},
+    training=f"{__name__}.eagle.training:EagleTraining", description="an EAGLE-style drafter reading the target's hidden states"))
 register_drafter_kind(DrafterKind(
-    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, exporters={"vllm-eagle3": "hf_specdec.serving:export_vllm_eagle3"},
-    training="training.layer_states:Eagle3Training", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
+    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, exporters={"vllm-eagle3": f"{__name__}.eagle3.export:export_vllm_eagle3"},
+    training=f"{__name__}.eagle3.training:Eagle3Training", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
 register_drafter_kind(DrafterKind(
-    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": "hf_specdec.serving:export_vllm_medusa"},
-    training="training.medusa:MedusaTraining", description="Medusa heads on the target's final hidden state"))
+    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": f"{__name__}.medusa.export:export_vllm_medusa"},
+    training=f"{__name__}.medusa.training:MedusaTraining", description="Medusa heads on the target's final hidden state"))
 register_drafter_kind(DrafterKind(
-    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training="training.layer_states:BlockTraining",
+    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training=f"{__name__}.block.training:BlockTraining",
     description="a block drafter: one forward proposes several tokens, reading the target's fused layer states"))
 register_drafter_kind(DrafterKind(
-    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training="training.token_drafters:CausalLMTraining",
+    "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "kind_of", "export_formats"]

@@ -10,7 +10,7 @@ heads (`[ResBlock] * n` repeats one module).
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=heads)
 
 The decoding loop hands the heads the hidden state its verification forward already computed (no extra target call);
-see `hf_specdec/drafters/medusa.py`.
+see `drafter.py` beside this file.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import PreTrainedModel
 
-from .borrowed import NOT_BOUND, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
-from .config import DrafterConfig
-from .saving import DrafterSaving
+from ...models.borrowed import NOT_BOUND, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from ...models.config import DrafterConfig
+from ...models.saving import DrafterSaving
 
 MEDUSA_MODEL_TYPE = "hf_specdec_medusa"
 

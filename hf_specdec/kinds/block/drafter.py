@@ -1,4 +1,4 @@
-"""Block drafting: one drafter forward proposes the next `block_size` tokens (see `models/block.py`).
+"""Block drafting: one drafter forward proposes the next `block_size` tokens (see `model.py` beside this file).
 
 Each step the drafter catches up on the tokens verified since its last step (fed with the target's states, as an
 EAGLE drafter is) and, in the same forward, runs k - 1 mask positions after each row's newest token; the newest
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.block import BlockDrafterModel
-from .eagle3 import Eagle3Drafter
-from .positionwise import PositionwiseDrafter
+from .model import BlockDrafterModel
+from ..eagle3.drafter import Eagle3Drafter
+from ...drafters.positionwise import PositionwiseDrafter
 
 
 class BlockDrafter(PositionwiseDrafter, Eagle3Drafter):

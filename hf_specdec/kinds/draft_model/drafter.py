@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..cache.ragged import RaggedKV
-from ..errors import InputError
-from ..models.borrowed import bind_if_borrowing
-from .base import Drafter, Drafting, borrowed_head, check_device, share_of_target
+from ...cache.ragged import RaggedKV
+from ...errors import InputError
+from ...models.borrowed import bind_if_borrowing
+from ...drafters.base import Drafter, Drafting, borrowed_head, check_device, share_of_target
 
 
 class DraftModelDrafter(Drafter):

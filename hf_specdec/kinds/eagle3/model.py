@@ -6,7 +6,7 @@ hidden size by `fc`. Its one layer attends over `[norm(embedding(t_j)) ; norm(fu
 with the fused state as the residual; the layer's output goes through a final norm into its own LM head over a reduced
 draft vocabulary (`draft_vocab_size` rows, initialised from the target's, mapped to target ids by `d2t`). While
 drafting ahead it has no target states for its own tokens, so it feeds back its layer's output (before the norm) in
-place of the fused state, which is how training-time test trains it (`training/layer_states.py`).
+place of the fused state, which is how training-time test trains it (`training.py` beside this file).
 
 The input embeddings are the target's, borrowed at run time (`bind_target`) and never saved, so a drafter for
 SmolLM2-135M is about 10M parameters (19 MB in fp16).
@@ -25,11 +25,11 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from ..cache.keyword import CACHE
-from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowsFromTarget, TargetLink, TargetNotBoundError
-from .config import LlamaLayerConfig
-from .saving import DrafterSaving
-from .spec_drafter import drafter_config_from_target
+from ...cache.keyword import CACHE
+from ...models.borrowed import NOT_BOUND, BorrowedEmbedding, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from ...models.config import LlamaLayerConfig
+from ...models.saving import DrafterSaving
+from ..draft_model.model import drafter_config_from_target
 
 MODEL_TYPE = "hf_specdec_eagle3"
 

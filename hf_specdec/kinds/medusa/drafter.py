@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..cache.hidden import final_norm
-from ..models.medusa import MedusaHeads
-from .base import check_device, share_of_target
-from .features import TargetFeatures
-from .positionwise import PositionwiseDrafter
+from ...cache.hidden import final_norm
+from .model import MedusaHeads
+from ...drafters.base import check_device, share_of_target
+from ...drafters.features import TargetFeatures
+from ...drafters.positionwise import PositionwiseDrafter
 
 
 class MedusaDrafter(PositionwiseDrafter):

@@ -24,7 +24,7 @@ from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .eagle3 import Eagle3Config, Eagle3DraftModel
+from ..eagle3.model import Eagle3Config, Eagle3DraftModel
 
 MODEL_TYPE = "hf_specdec_block"
 

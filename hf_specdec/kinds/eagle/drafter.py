@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..cache.hidden import final_norm
-from ..cache.ragged import RaggedKV
-from ..models.spec_drafter import SpecDrafterForCausalLM
-from .base import Draft, Drafter, Drafting, borrowed_head, check_device, share_of_target
-from .features import TargetFeatures
+from ...cache.hidden import final_norm
+from ...cache.ragged import RaggedKV
+from ..draft_model.model import SpecDrafterForCausalLM
+from ...drafters.base import Draft, Drafter, Drafting, borrowed_head, check_device, share_of_target
+from ...drafters.features import TargetFeatures
 
 
 class EagleDrafter(Drafter):

@@ -30,10 +30,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils.deprecation import deprecate_kwarg
 
-from ..cache.keyword import CACHE
-from .borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
-from .config import LlamaLayerConfig
-from .saving import DrafterSaving
+from ...cache.keyword import CACHE
+from ...models.borrowed import NOT_BOUND, BorrowedEmbedding, BorrowedLMHead, BorrowsFromTarget, TargetLink, TargetNotBoundError
+from ...models.config import LlamaLayerConfig
+from ...models.saving import DrafterSaving
 
 MODEL_TYPE = "hf_specdec_drafter"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..cache.hidden import entering_layers
-from ..models.eagle3 import Eagle3DraftModel
-from .eagle import EagleDrafter
+from ...cache.hidden import entering_layers
+from .model import Eagle3DraftModel
+from ..eagle.drafter import EagleDrafter
 
 
 class Eagle3Drafter(EagleDrafter):

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_specdec.models.medusa import MedusaConfig
+from hf_specdec.kinds.medusa.model import MedusaConfig
 
-from .adapters import Adapter, check_ranges, unwrap_drafter
-from .losses import distill_loss
+from training.adapters import Adapter, check_ranges, unwrap_drafter
+from training.losses import distill_loss
 
 
 @dataclass
