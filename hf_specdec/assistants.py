@@ -24,10 +24,9 @@ from .auto_drafter import AutoDrafter
 from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
 from .kinds.draft_model.drafter import DraftModelDrafter
 from .drafters.fallback import FallbackDrafter
-from .kinds.medusa.drafter import MedusaDrafter
 from .drafters.per_row import PerRowDrafter
+from .drafters.positionwise import PositionwiseDrafter
 from .kinds import kind_of
-from .kinds.medusa.model import MedusaHeads
 from .names import Name, Part, UnknownDrafterError, known_names, parse
 
 ACCEPTED_ASSISTANTS = (
@@ -123,11 +122,13 @@ def _built_part(part: Part, target) -> Drafter:
     model = AutoDrafter.from_pretrained(part.source, target=target)
     if not part.variant:
         return _wrapped(model)
-    if not isinstance(model, MedusaHeads):
-        raise UnknownDrafterError(f"{part.source}:{part.variant}: only Medusa heads take a suffix (':chain', ':tree' or "
-                                  f"':N', an N-node tree). Known names: {known_names()}.")
+    drafter_class = kind_of(model.config).drafter_class
+    if not issubclass(drafter_class, PositionwiseDrafter):
+        raise UnknownDrafterError(f"{part.source}:{part.variant}: only drafters that draft trees (Medusa heads, block "
+                                  f"drafters) take a suffix (':chain', ':tree' or ':N', an N-node tree). Known names: "
+                                  f"{known_names()}.")
     variant = part.variant
-    return MedusaDrafter(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
+    return drafter_class(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
 
 
 def _wrapped(assistant) -> Drafter:

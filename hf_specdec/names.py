@@ -55,8 +55,9 @@ WORDS = {word.name: word for word in (
     Word("layers", "required", "kinds.draft_model.drafter:DraftModelDrafter.from_early_layers", "an untrained draft model cut from the first N layers"),
 )}
 
-#: what may follow a loaded drafter's name (Medusa heads only): their top-1 chain, the default tree, an N-node tree
-MEDUSA_VARIANTS = ("chain", "tree")
+#: what may follow a loaded drafter's name, for drafters that draft trees (Medusa heads, block drafters): their top-1
+#: chain, the default tree, or (':N') an N-node tree
+TREE_SHAPES = ("chain", "tree")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Part:
     word: Word | None = None
     number: int | None = None  # a word's ':N'
     source: str | None = None  # a shipped drafter's name, a folder or a Hub id
-    variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (Medusa heads)
+    variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (drafters that draft trees)
 
 
 def known_names() -> str:
@@ -122,7 +123,7 @@ def _parse_one(piece: str) -> Part:
         raise UnknownDrafterError(f"Unknown drafter {piece!r}: {word.usage} is {word.description}. "
                                   f"Known: {known_names()}.")
     loadable = name in shipped_drafter_names() or Path(name).exists() or (name.count("/") == 1 and "" not in name.split("/"))
-    if loadable and (not colon or argument in MEDUSA_VARIANTS or (argument.isdigit() and int(argument) >= 1)):
+    if loadable and (not colon or argument in TREE_SHAPES or (argument.isdigit() and int(argument) >= 1)):
         return Part(source=name, variant=argument)
     raise UnknownDrafterError(f"Unknown drafter {piece!r}. Known: {known_names()}.")
 

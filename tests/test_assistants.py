@@ -17,7 +17,8 @@ from hf_specdec.names import UnknownDrafterError
 from hf_specdec.drafters import (DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter,
                                  SuffixDrafter)
 from tests.conftest import random_prompts, tiny_llama
-from tests.speculation import assert_speculated
+from hf_specdec.drafters import BlockDrafter
+from tests.speculation import assert_speculated, check_greedy_identical, fitted_block
 
 
 def test_model_free_names_need_no_download():
@@ -76,9 +77,23 @@ def test_built_in_names_win_over_folders_of_the_same_name(tmp_path, monkeypatch)
     assert AutoDrafter.from_pretrained("./medusa").config.hidden_size == target.config.hidden_size
 
 
-def test_medusa_suffixes_are_for_medusa_heads_only():
-    with pytest.raises(UnknownDrafterError, match="only Medusa heads take a suffix"):
+def test_tree_suffixes_are_for_drafters_that_draft_trees():
+    with pytest.raises(UnknownDrafterError, match="only drafters that draft trees .* take a suffix"):
         as_drafter("distilled:chain")
+
+
+def test_a_saved_block_drafter_takes_a_tree_suffix_too(tmp_path, one_thread):
+    """The suffix is the tree option of any kind whose drafter drafts trees, not Medusa's alone: a block drafter's
+    folder loads as a chain (':chain') or an N-node tree (':N', from its measured accuracy), and decodes exactly."""
+    target = tiny_llama(vocab=16, seed=0, layers=4)
+    prompts = random_prompts(4, vocab=16, seed=5)
+    model = fitted_block(target, prompts, block_size=3, layer_ids=[1, 2, 4])
+    model.config.position_accuracy = [[0.9, 0.05, 0.02], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]
+    model.save_pretrained(tmp_path / "block")
+    chain = as_drafter(f"{tmp_path / 'block'}:chain", target=target)
+    tree = as_drafter(f"{tmp_path / 'block'}:5", target=target)
+    assert isinstance(chain, BlockDrafter) and chain.tree is None and tree.tree[0].size == 5
+    check_greedy_identical(target, f"{tmp_path / 'block'}:5", prompts)
 
 
 @pytest.fixture(scope="module")
