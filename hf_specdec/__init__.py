@@ -35,8 +35,8 @@ _EXPORTS = {
     "MedusaConfig": ".kinds.medusa",
     "MedusaHeads": ".kinds.medusa",
     "AutoDrafter": ".auto_drafter",
-    "DrafterKind": ".kinds",
-    "register_drafter_kind": ".kinds",
+    "DrafterKind": ".registry",
+    "register_drafter_kind": ".registry",
 }
 
 __all__ = list(_EXPORTS)

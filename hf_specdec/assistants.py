@@ -13,7 +13,6 @@ registered kind (`kinds.py`), a causal-LM `PreTrainedModel`, or a transformers `
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from dataclasses import dataclass
 
@@ -113,12 +112,8 @@ def _built(name: Name, target) -> Drafter:
 
 
 def _built_part(part: Part, target) -> Drafter:
-    if part.word is not None:
-        module, _, attribute = part.word.build.partition(":")
-        builder = importlib.import_module(f".{module}", __package__)
-        for name in attribute.split("."):
-            builder = getattr(builder, name)
-        return builder(target, part.number)
+    if part.kind is not None:
+        return part.kind.builder()(target, part.number)
     model = AutoDrafter.from_pretrained(part.source, target=target)
     if not part.variant:
         return _wrapped(model)

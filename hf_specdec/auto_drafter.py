@@ -52,7 +52,7 @@ class AutoDrafter:
         if kind is None:
             kinds = "; ".join(f"{k.name}: {k.description}" + (f" (model_type {k.config_class.model_type!r})"
                                                                if k.config_class is not None else "")
-                              for k in drafter_kinds())
+                              for k in drafter_kinds() if k.model_class is not None)
             raise ValueError(f"{source!r} holds a model of type {config.get('model_type')!r}, which is not a drafter. "
                              f"AutoDrafter loads these kinds: {kinds}.")
         model = kind.model_class.from_pretrained(source, **kwargs).eval()

@@ -8,7 +8,6 @@ target's weights and a Llama config as the engines read them (below).
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from transformers import LlamaConfig
 
 from .auto_drafter import AutoDrafter
 from .kinds import export_formats, kind_of
+from .registry import resolved as exporter
 from .shipped import shipped_folder
 from .errors import InputError
 
@@ -63,15 +63,6 @@ def export_drafter(drafter_path, target, out, format: str) -> Path:
         if Path(drafter_path, name).is_file():
             shutil.copy2(Path(drafter_path, name), out / name)
     return out
-
-
-def exporter(spec):
-    """A registered exporter: the callable itself, or the one its "module:name" names."""
-    if callable(spec):
-        return spec
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
 
 
 def target_head(target) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The vocabulary of assistant names, in one table: read by the resolver (`assistants.py`), by the command line's check
-of a name before anything loads (`check`) and by the errors that list the known names (`known_names`). Light on
-purpose: no torch, no transformers.
+"""The grammar of assistant names: parsed once per call by the resolver (`assistants.py`), by the command line's check
+of a name before anything loads (`check`), and listed by the errors (`known_names`). The words are the registry's
+kinds built from a name (`registry.py`), a kind registered from outside included. Light on purpose: no torch, no
+transformers.
 
     "ngram"                   n-gram lookup over the prompt and the output so far (no model)
     "suffix"                  suffix decoding: earlier calls' prompts and outputs (kept with the target) and this call's
@@ -22,38 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .registry import DrafterKind, named_kinds
 from .shipped import shipped_drafter_names
 
 
 class UnknownDrafterError(InputError):
     """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
 
-
-@dataclass(frozen=True)
-class Word:
-    """A built-in assistant name."""
-
-    name: str
-    number: str  # what may follow ':': "" nothing, "optional" or "required" (an integer >= 1)
-    build: str  # "module:callable" in hf_specdec, called as build(target, number or None) -> Drafter
-    description: str
-
-    @property
-    def usage(self) -> str:
-        return {"": f"'{self.name}'", "optional": f"'{self.name}' (or '{self.name}:L')",
-                "required": f"'{self.name}:N'"}[self.number]
-
-
-WORDS = {word.name: word for word in (
-    Word("ngram", "", "drafters.ngram:NgramDrafter.for_target", "n-gram lookup over the prompt and the output so far"),
-    Word("suffix", "", "drafters.suffix:SuffixDrafter.for_target",
-         "suffix decoding: what followed the text's suffix in earlier calls (kept with the target) and in this one"),
-    Word("recycle", "", "drafters.recycle:RecycleDrafter.for_target", "token recycling: the target's own top-k successors"),
-    Word("none", "", "drafters.plain:PlainDrafter.for_target", "no drafts: plain steps through hf_specdec's loop"),
-    Word("self", "optional", "drafters.self_speculative:SelfSpeculativeDrafter.for_target",
-         "the target's own first L layers (default: half)"),
-    Word("layers", "required", "kinds.draft_model.drafter:DraftModelDrafter.from_early_layers", "an untrained draft model cut from the first N layers"),
-)}
 
 #: what may follow a loaded drafter's name, for drafters that draft trees (Medusa heads, block drafters): their top-1
 #: chain, the default tree, or (':N') an N-node tree
@@ -62,17 +38,18 @@ TREE_SHAPES = ("chain", "tree")
 
 @dataclass(frozen=True)
 class Part:
-    """One drafter of a name ("a+b" has two): a built-in word, or a drafter to load (shipped, folder or Hub id)."""
+    """One drafter of a name ("a+b" has two): a kind built from its name, or a drafter to load (shipped, folder or Hub
+    id)."""
 
-    word: Word | None = None
-    number: int | None = None  # a word's ':N'
+    kind: DrafterKind | None = None
+    number: int | None = None  # a kind's ':N'
     source: str | None = None  # a shipped drafter's name, a folder or a Hub id
     variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (drafters that draft trees)
 
 
 def known_names() -> str:
     shipped = ", ".join(shipped_drafter_names()) or "none"
-    words = ", ".join(word.usage for word in WORDS.values())
+    words = ", ".join(kind.usage for kind in named_kinds().values())
     return (f"{words}, 'default', a shipped drafter ({shipped}; Medusa heads also as 'medusa:chain' or 'medusa:N'), "
             "'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
 
@@ -111,16 +88,16 @@ def parse(spec: str, target=None, sampling: bool = False) -> Name:
 
 def _parse_one(piece: str) -> Part:
     name, colon, argument = piece.partition(":")
-    word = WORDS.get(name)
-    # built-in names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
-    if word is None and name not in shipped_drafter_names() and Path(piece).exists():
+    kind = named_kinds().get(name)
+    # registered names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
+    if kind is None and name not in shipped_drafter_names() and Path(piece).exists():
         return Part(source=piece)
-    if word is not None:
-        if not colon and word.number != "required":
-            return Part(word)
-        if colon and word.number and argument.isdigit() and int(argument) >= 1:
-            return Part(word, int(argument))
-        raise UnknownDrafterError(f"Unknown drafter {piece!r}: {word.usage} is {word.description}. "
+    if kind is not None:
+        if not colon and kind.number != "required":
+            return Part(kind)
+        if colon and kind.number and argument.isdigit() and int(argument) >= 1:
+            return Part(kind, int(argument))
+        raise UnknownDrafterError(f"Unknown drafter {piece!r}: {kind.usage} is {kind.description}. "
                                   f"Known: {known_names()}.")
     loadable = name in shipped_drafter_names() or Path(name).exists() or (name.count("/") == 1 and "" not in name.split("/"))
     if loadable and (not colon or argument in TREE_SHAPES or (argument.isdigit() and int(argument) >= 1)):
@@ -133,5 +110,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["WORDS", "Word", "Part", "Name", "parse", "check", "known_names", "default_name",
+__all__ = ["TREE_SHAPES", "Part", "Name", "parse", "check", "known_names", "default_name",
            "UnknownDrafterError"]

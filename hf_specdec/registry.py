@@ -1,0 +1,146 @@
+"""The registry of drafter kinds: every kind of drafter the project knows, each joining with one line.
+
+A kind is what `assistant=`, `AutoDrafter`, the command line, the trainer and the exports look up; none of them names
+a kind. A kind either builds its drafter from a name (`build`: the model-free kinds below, used as `assistant="ngram"`
+or `"self:12"`), or loads a drafter model (`config_class` / `model_class` / `drafter_class`: the trained kinds, one
+folder each under `hf_specdec/kinds/`, registered in `kinds/__init__.py`), or both. Adding a kind is its code plus one
+line, from any package (as peft's `register_peft_method`):
+
+    register_drafter_kind(DrafterKind("my-kind", MyConfig, MyModel, MyDrafter, exporters={"vllm-x": export_x},
+                                      training="my_package.train:MyAdapter"))
+    register_drafter_kind(DrafterKind("my-lookup", build=MyLookup.for_target, description="..."))
+
+Several kinds may share a config class (token-only and EAGLE-style drafters are both `SpecDrafterConfig`); `matches`
+then tells them apart. `build`, exporters and `training` are callables or the "module:attribute" that names one, so
+that what is not used is never imported: decoding (and the `custom_generate/` copy of it) never loads export or
+training code, and this module imports neither torch nor transformers, so that the command line checks a name before
+anything heavy loads. Exporters are `exporter(model, target, out_folder, dtype)`; `training` is the kind's training
+adapter (a subclass of `training.adapters.Adapter`: how to build, feed and score the kind, and its `Options`), which
+`training/distill.py --drafter <kind name>` loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    config_class: type | None = None  # None, with a model class: any config transformers maps to a causal LM
+    model_class: type | None = None  # what `AutoDrafter` loads with (`from_pretrained`); None: no model to load
+    drafter_class: Callable | None = None  # model -> the Drafter that decodes with it
+    matches: Callable[[object], bool] | None = None  # tells apart kinds that share a config class
+    exporters: dict = field(default_factory=dict)  # format -> exporter(model, target, out, dtype), or its "module:name"
+    training: str | None = None  # "module:attribute" of its training adapter
+    description: str = ""
+    tag: str | None = None  # its Hub tag, when not its name
+    build: Callable | str | None = None  # a name's drafter: build(target, number or None) -> Drafter, or "module:name"
+    number: str = ""  # what may follow ':' in its name: "" nothing, "optional" or "required" (an integer >= 1)
+
+    @property
+    def hub_tag(self) -> str:
+        return self.tag or self.name
+
+    @property
+    def usage(self) -> str:
+        """How its name is written (kinds built from a name)."""
+        return {"": f"'{self.name}'", "optional": f"'{self.name}' (or '{self.name}:N')",
+                "required": f"'{self.name}:N'"}[self.number]
+
+    def builder(self) -> Callable:
+        return resolved(self.build)
+
+    def accepts(self, config) -> bool:
+        if self.model_class is None:
+            return False
+        if self.config_class is None:
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+            model_type = getattr(config, "model_type", None)
+            auto_map = getattr(config, "auto_map", None) or {}
+            return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
+        if getattr(config, "model_type", None) != self.config_class.model_type:
+            return False
+        return self.matches is None or bool(self.matches(config))
+
+
+_KINDS: dict[str, DrafterKind] = {}
+
+
+def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
+    """Add a kind (a kind registered again under the same name replaces the old one)."""
+    _KINDS[kind.name] = kind
+    # the installed package registers its configs with transformers' Auto classes; a copy bundled into a drafter's
+    # custom_generate/ folder must not re-register its own classes over them
+    if kind.config_class is not None and __name__.startswith("hf_specdec."):
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
+
+        AutoConfig.register(kind.config_class.model_type, kind.config_class, exist_ok=True)
+        if issubclass(kind.model_class, GenerationMixin):  # a causal LM: AutoModelForCausalLM loads it too
+            AutoModelForCausalLM.register(kind.config_class, kind.model_class, exist_ok=True)
+    return kind
+
+
+def drafter_kinds() -> list[DrafterKind]:
+    return list(_KINDS.values())
+
+
+def named_kinds() -> dict[str, DrafterKind]:
+    """The kinds an assistant name builds (`assistant="ngram"`), by name."""
+    return {kind.name: kind for kind in _KINDS.values() if kind.build is not None}
+
+
+def kind_of(config) -> DrafterKind | None:
+    """The kind of a drafter model's config (a dict or a PretrainedConfig), or None."""
+    if isinstance(config, dict):
+        config = _AttributeView(config)
+    return next((kind for kind in _KINDS.values() if kind.config_class is not None and kind.accepts(config)),
+                next((kind for kind in _KINDS.values() if kind.config_class is None and kind.accepts(config)), None))
+
+
+def export_formats() -> dict[str, DrafterKind]:
+    """Every export format, and the kind it exports."""
+    return {fmt: kind for kind in _KINDS.values() for fmt in kind.exporters}
+
+
+def resolved(spec):
+    """A registered callable: itself, or the one its "module:name" (name may be dotted: "Class.method") names."""
+    if callable(spec):
+        return spec
+    module, _, name = spec.partition(":")
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class _AttributeView:
+    """A config.json dict read like a config object (`kind_of` before anything is loaded)."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+
+    def __getattr__(self, name):
+        return None
+
+
+# the kinds built from a name alone, one line each (the kinds with models: kinds/__init__.py)
+register_drafter_kind(DrafterKind("ngram", build="hf_specdec.drafters.ngram:NgramDrafter.for_target",
+                                  description="n-gram lookup over the prompt and the output so far"))
+register_drafter_kind(DrafterKind("suffix", build="hf_specdec.drafters.suffix:SuffixDrafter.for_target",
+                                  description="suffix decoding: what followed the text's suffix in earlier calls (kept "
+                                              "with the target) and in this one"))
+register_drafter_kind(DrafterKind("recycle", build="hf_specdec.drafters.recycle:RecycleDrafter.for_target",
+                                  description="token recycling: the target's own top-k successors"))
+register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:PlainDrafter.for_target",
+                                  description="no drafts: plain steps through hf_specdec's loop"))
+register_drafter_kind(DrafterKind("self", build="hf_specdec.drafters.self_speculative:SelfSpeculativeDrafter.for_target",
+                                  number="optional", description="the target's own first N layers (default: half)"))
+register_drafter_kind(DrafterKind("layers", build="hf_specdec.kinds.draft_model.drafter:DraftModelDrafter.from_early_layers",
+                                  number="required", description="an untrained draft model cut from the first N layers"))
+
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "export_formats",
+           "resolved"]
