@@ -25,8 +25,8 @@ from .kinds.draft_model.drafter import DraftModelDrafter
 from .drafters.fallback import FallbackDrafter
 from .drafters.per_row import PerRowDrafter
 from .drafters.positionwise import PositionwiseDrafter
-from .kinds import kind_of
 from .names import Name, Part, UnknownDrafterError, known_names, parse
+from .registry import kind_of
 
 ACCEPTED_ASSISTANTS = (
     f"a name ({known_names()}), an `hf_specdec.Drafter` or `SequenceDrafter`, a drafter model hf_specdec made, a "

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from transformers import PreTrainedConfig
 
-from .kinds import drafter_kinds, kind_of
 from .models.borrowed import bind_if_borrowing
 from .names import UnknownDrafterError, known_names
+from .kinds import loading_kinds
+from .registry import kind_of
 from .shipped import shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
@@ -52,7 +53,7 @@ class AutoDrafter:
         if kind is None:
             kinds = "; ".join(f"{k.name}: {k.description}" + (f" (model_type {k.config_class.model_type!r})"
                                                                if k.config_class is not None else "")
-                              for k in drafter_kinds() if k.model_class is not None)
+                              for k in loading_kinds())
             raise ValueError(f"{source!r} holds a model of type {config.get('model_type')!r}, which is not a drafter. "
                              f"AutoDrafter loads these kinds: {kinds}.")
         model = kind.model_class.from_pretrained(source, **kwargs).eval()

@@ -68,6 +68,7 @@ class DrafterKind:
 
 
 _KINDS: dict[str, DrafterKind] = {}
+_BUILT_IN_IMPORTED: list = []  # (a list: set once, read without a global statement)
 
 
 def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
@@ -85,7 +86,7 @@ def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
 
 
 def drafter_kinds() -> list[DrafterKind]:
-    return list(_KINDS.values())
+    return list(_registered().values())
 
 
 def named_kinds() -> dict[str, DrafterKind]:
@@ -97,13 +98,32 @@ def kind_of(config) -> DrafterKind | None:
     """The kind of a drafter model's config (a dict or a PretrainedConfig), or None."""
     if isinstance(config, dict):
         config = _AttributeView(config)
-    return next((kind for kind in _KINDS.values() if kind.config_class is not None and kind.accepts(config)),
-                next((kind for kind in _KINDS.values() if kind.config_class is None and kind.accepts(config)), None))
+    kinds = _registered().values()
+    return next((kind for kind in kinds if kind.config_class is not None and kind.accepts(config)),
+                next((kind for kind in kinds if kind.config_class is None and kind.accepts(config)), None))
 
 
 def export_formats() -> dict[str, DrafterKind]:
     """Every export format, and the kind it exports."""
-    return {fmt: kind for kind in _KINDS.values() for fmt in kind.exporters}
+    return {fmt: kind for kind in _registered().values() for fmt in kind.exporters}
+
+
+def drafter_config(source):
+    """A saved drafter's config (a folder or Hub id, of any registered kind, or a causal LM's), read once every kind
+    has registered its config class with transformers' `AutoConfig`."""
+    from transformers import AutoConfig
+
+    _registered()
+    return AutoConfig.from_pretrained(source)
+
+
+def _registered() -> dict[str, DrafterKind]:
+    """Every kind: the kinds with models register when their package (`kinds/`) is first imported, which the lookups
+    that need them do here, so that their callers depend on this module alone (names need none of them)."""
+    if not _BUILT_IN_IMPORTED:
+        _BUILT_IN_IMPORTED.append(True)
+        importlib.import_module(".kinds", __package__)
+    return _KINDS
 
 
 def resolved(spec):
@@ -128,6 +148,7 @@ class _AttributeView:
 
 
 # the kinds built from a name alone, one line each (the kinds with models: kinds/__init__.py)
+_DRAFT_MODELS = "hf_specdec.kinds.draft_model"  # self-speculation and cut layers are draft models of the target's own
 register_drafter_kind(DrafterKind("ngram", build="hf_specdec.drafters.ngram:NgramDrafter.for_target",
                                   description="n-gram lookup over the prompt and the output so far"))
 register_drafter_kind(DrafterKind("suffix", build="hf_specdec.drafters.suffix:SuffixDrafter.for_target",
@@ -137,10 +158,10 @@ register_drafter_kind(DrafterKind("recycle", build="hf_specdec.drafters.recycle:
                                   description="token recycling: the target's own top-k successors"))
 register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:PlainDrafter.for_target",
                                   description="no drafts: plain steps through hf_specdec's loop"))
-register_drafter_kind(DrafterKind("self", build="hf_specdec.drafters.self_speculative:SelfSpeculativeDrafter.for_target",
-                                  number="optional", description="the target's own first N layers (default: half)"))
-register_drafter_kind(DrafterKind("layers", build="hf_specdec.kinds.draft_model.drafter:DraftModelDrafter.from_early_layers",
-                                  number="required", description="an untrained draft model cut from the first N layers"))
+register_drafter_kind(DrafterKind("self", number="optional", description="the target's own first N layers (default: half)",
+                                  build=f"{_DRAFT_MODELS}.self_speculative:SelfSpeculativeDrafter.for_target"))
+register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
+                                  build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "export_formats",
-           "resolved"]
+           "drafter_config", "resolved"]

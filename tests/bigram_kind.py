@@ -12,7 +12,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from hf_specdec.drafters import Draft, Drafter
-from hf_specdec.kinds import DrafterKind
+from hf_specdec.registry import DrafterKind
 from training.adapters import Adapter
 
 

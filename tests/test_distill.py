@@ -20,7 +20,7 @@ from huggingface_hub.utils import filter_repo_objects
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import hf_specdec
-from hf_specdec import kinds, registry
+from hf_specdec import registry
 from hf_specdec.cache.hidden import decoder_layers, entering_layers
 from hf_specdec.kinds.eagle3.model import Eagle3Config, Eagle3DraftModel
 from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
@@ -609,7 +609,7 @@ def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
 # --- a registered kind trains with no edit to the trainer ----------------------------------------------------------------
 def test_a_registered_kind_trains_evaluates_and_saves_with_no_edit_to_the_trainer(world, tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
-    kinds.register_drafter_kind(BIGRAM)
+    registry.register_drafter_kind(BIGRAM)
     out = tmp_path / "bigram"
     summary = run_in_process(cli(world, out, drafter="test-bigram", max_steps=30, eval_every=30, save_every=0,
                                  learning_rate=0.3, bigram_scale=2.0))  # an option of the kind's own

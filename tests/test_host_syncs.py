@@ -14,7 +14,7 @@ import torch
 from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec.diagnostics import count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, RecycleDrafter
-from hf_specdec.drafters.self_speculative import SelfSpeculativeDrafter
+from hf_specdec.kinds.draft_model.self_speculative import SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_llama
 from tests.speculation import PAD, agreeing_eagle, fitted_heads, left_pad, quiet_last_layer
 

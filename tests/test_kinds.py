@@ -15,9 +15,8 @@ from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, registry, spec
 from hf_specdec.export import export_drafter, exporter
 from hf_specdec.cli import main as cli_main
 from hf_specdec.drafters import DraftModelDrafter
-from hf_specdec.kinds import drafter_kinds, export_formats, kind_of, register_drafter_kind
 from hf_specdec.names import UnknownDrafterError, known_names
-from hf_specdec.registry import DrafterKind
+from hf_specdec.registry import DrafterKind, drafter_kinds, export_formats, kind_of, register_drafter_kind
 from tests.bigram_kind import BIGRAM, BigramConfig, BigramDrafter, BigramTable
 from tests.conftest import random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.speculation import assert_speculated

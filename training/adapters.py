@@ -31,7 +31,7 @@ import torch
 
 from hf_specdec.cache.hidden import final_norm
 from hf_specdec.errors import InputError
-from hf_specdec.kinds import DrafterKind, drafter_kinds, kind_of
+from hf_specdec.registry import DrafterKind, drafter_kinds, kind_of
 from hf_specdec.models.borrowed import bind_if_borrowing
 
 from .arguments import ArgumentParser

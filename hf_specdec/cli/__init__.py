@@ -205,16 +205,15 @@ def bench_command(args) -> int:
 
 def push_command(args) -> int:
     from huggingface_hub import get_token
-    from transformers import AutoConfig
 
     from ..hub import CUSTOM_GENERATE_DIR, push_folder, render_model_card, write_custom_generate
     from ..hub.push import check_pushable
-    from ..kinds import kind_of
+    from ..registry import drafter_config, kind_of
 
     folder = check_pushable(args.folder, args.repo_id)
     if get_token() is None:
         raise InputError("No Hugging Face token: run `hf auth login` (or set HF_TOKEN) and push again.")
-    config = AutoConfig.from_pretrained(folder)
+    config = drafter_config(folder)
     kind = kind_of(config)
     if kind is not None and kind.config_class is not None and not (folder / CUSTOM_GENERATE_DIR).is_dir():
         print(f"writing {folder / CUSTOM_GENERATE_DIR} (saved before hf_specdec wrote it)")

@@ -12,11 +12,12 @@ from .plain import PlainDrafter
 from .recycle import RecycleDrafter
 from .suffix import SuffixDrafter, SuffixIndex
 
-#: drafters built on a trained kind's, loaded on first use (the kinds import this package's base)
+#: the drafters that live with their kind (self-speculation is a draft model of the target's own first layers), loaded
+#: on first use (the kinds import this package's base)
 _LAZY = {"DraftModelDrafter": "hf_specdec.kinds.draft_model.drafter", "EagleDrafter": "hf_specdec.kinds.eagle.drafter",
          "Eagle3Drafter": "hf_specdec.kinds.eagle3.drafter", "BlockDrafter": "hf_specdec.kinds.block.drafter",
          "MedusaDrafter": "hf_specdec.kinds.medusa.drafter",
-         "SelfSpeculativeDrafter": "hf_specdec.drafters.self_speculative"}  # (a draft model of the target's own layers)
+         "SelfSpeculativeDrafter": "hf_specdec.kinds.draft_model.self_speculative"}
 
 
 def __getattr__(name: str):

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..default_model import DEFAULT_TARGET_NAME
-from ..kinds import kind_of
+from ..registry import drafter_config, kind_of
 from ..models.borrowed import BorrowsFromTarget
 from ..shipped import shipped_drafter_names, shipped_folder
 from .bundle import CUSTOM_GENERATE_DIR
@@ -110,10 +110,8 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
 def shipped_card(name: str) -> str:
     """The model card of the drafter shipped as `name` (`hf_specdec/shipped_drafters/`), rendered from its saved config
     alone: its measurements, its benchmark rows, its training command."""
-    from transformers import AutoConfig
-
     folder = shipped_folder(name)
-    return str(render_model_card(folder, AutoConfig.from_pretrained(folder), repo_id=name)) + "\n"
+    return str(render_model_card(folder, drafter_config(folder), repo_id=name)) + "\n"
 
 
 def write_shipped_cards() -> list[Path]:

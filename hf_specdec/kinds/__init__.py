@@ -2,15 +2,15 @@
 
 A kind's folder, `kinds/<kind>/` (as peft keeps one per method), holds `model.py` (its config and model), `drafter.py`
 (how it decodes), `training.py` (its training adapter) and `export.py` (its serving-engine layout). Importing this
-package registers them (and their configs with transformers' Auto classes); the registry's functions are here too, so
-that whoever asks it through this package sees every kind.
+package registers them (and their configs with transformers' Auto classes); the registry imports it at its first
+lookup.
 """
 
 from __future__ import annotations
 
 from transformers import AutoModelForCausalLM
 
-from ..registry import DrafterKind, drafter_kinds, export_formats, kind_of, register_drafter_kind
+from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
 from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel
 from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
 from .eagle import EagleDrafter
@@ -39,4 +39,11 @@ register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "kind_of", "export_formats"]
+
+
+def loading_kinds() -> list[DrafterKind]:
+    """The registered kinds that load a drafter model (these, and any registered from outside)."""
+    return [kind for kind in drafter_kinds() if kind.model_class is not None]
+
+
+__all__ = ["loading_kinds"]

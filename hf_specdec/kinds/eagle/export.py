@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ...export import llama_config, target_weights
+from ...serving import llama_config, target_weights
 from ..draft_model.model import SpecDrafterForCausalLM
 
 

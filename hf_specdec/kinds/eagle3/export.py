@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ...export import llama_config
+from ...serving import llama_config
 from .model import Eagle3DraftModel
 
 

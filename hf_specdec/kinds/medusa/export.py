@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ...export import target_head
+from ...serving import target_head
 from .model import MedusaHeads
 
 

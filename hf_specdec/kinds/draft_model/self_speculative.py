@@ -31,11 +31,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..cache.keyword import cache_keyword
-from ..cache.ragged import has_sliding_window, takes_4d_masks
-from ..cpu_matmul import verifying
-from .base import Drafter, Drafting, share_of_target
-from ..kinds.draft_model.drafter import DraftModelDrafter
+from ...cache.keyword import cache_keyword
+from ...cache.ragged import has_sliding_window, takes_4d_masks
+from ...cpu_matmul import verifying
+from ...drafters.base import Drafter, Drafting, share_of_target
+from .drafter import DraftModelDrafter
 
 # architectures whose layer-L hidden states can re-enter the stack as `inputs_embeds` (no scaling, RoPE positions)
 KV_REUSE_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
