@@ -7,7 +7,7 @@ one call (caches, rows) is reset by every drafter's `start`. Calls on several th
 by object: a call that finds it busy decodes with a fork of it (`Assistant.claimed`).
 
 Objects work too: a `Drafter` (batched), a `SequenceDrafter` (wrapped to draft row by row), a drafter model of any
-registered kind (`kinds.py`), a causal-LM `PreTrainedModel`, or a transformers `CandidateGenerator`.
+registered kind (`registry.py`), a causal-LM `PreTrainedModel`, or a transformers `CandidateGenerator`.
 """
 
 from __future__ import annotations
@@ -21,17 +21,20 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .auto_drafter import AutoDrafter
 from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
-from .kinds.draft_model.drafter import DraftModelDrafter
 from .drafters.fallback import FallbackDrafter
 from .drafters.per_row import PerRowDrafter
 from .drafters.positionwise import PositionwiseDrafter
+from .kinds.draft_model.drafter import DraftModelDrafter
 from .names import Name, Part, UnknownDrafterError, known_names, parse
 from .registry import kind_of
 
-ACCEPTED_ASSISTANTS = (
-    f"a name ({known_names()}), an `hf_specdec.Drafter` or `SequenceDrafter`, a drafter model hf_specdec made, a "
-    "causal-LM `PreTrainedModel` sharing the target's vocabulary, or a `transformers.generation.CandidateGenerator`"
-)
+
+def accepted_assistants() -> str:
+    """What `assistant=` takes, for errors (the names as registered now: kinds registered from outside included)."""
+    return (f"a name ({known_names()}), an `hf_specdec.Drafter` or `SequenceDrafter`, a drafter model hf_specdec made, "
+            "a causal-LM `PreTrainedModel` sharing the target's vocabulary, or a "
+            "`transformers.generation.CandidateGenerator`")
+
 
 _KEPT = "_hf_specdec_assistants"  # the target's attribute holding the drafters built from names
 _LOCK = threading.Lock()
@@ -138,13 +141,13 @@ def _wrapped(assistant) -> Drafter:
             return DraftModelDrafter(assistant)  # a causal LM whose config type no mapping names (a multimodal text model)
         if kind is None or assistant.config.is_encoder_decoder:
             raise TypeError(f"assistant={type(assistant).__name__} is not a drafter or a causal LM; expected "
-                            f"{ACCEPTED_ASSISTANTS}.")
+                            f"{accepted_assistants()}.")
         if kind.config_class is None and assistant.get_output_embeddings() is None:
-            raise TypeError(f"assistant={type(assistant).__name__} has no LM head; expected {ACCEPTED_ASSISTANTS}.")
+            raise TypeError(f"assistant={type(assistant).__name__} has no LM head; expected {accepted_assistants()}.")
         return kind.drafter_class(assistant)
     if isinstance(assistant, CandidateGenerator):
         return PerRowDrafter(CandidateGeneratorDrafter(assistant))
-    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {ACCEPTED_ASSISTANTS}.")
+    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {accepted_assistants()}.")
 
 
 def _is_causal_lm(model) -> bool:
@@ -153,4 +156,4 @@ def _is_causal_lm(model) -> bool:
             and model.get_output_embeddings() is not None)
 
 
-__all__ = ["Assistant", "resolve", "as_drafter", "get_assistant", "build", "ACCEPTED_ASSISTANTS"]
+__all__ = ["Assistant", "resolve", "as_drafter", "get_assistant", "build", "accepted_assistants"]

@@ -4,7 +4,7 @@
     drafter = hf_specdec.AutoDrafter.from_pretrained("distilled", target=target)   # shipped for the default target
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter)
 
-`name` is a shipped drafter's name, a folder or a Hub id. The config's kind (see `kinds.py`) says which class loads
+`name` is a shipped drafter's name, a folder or a Hub id. The config's kind (see `registry.py`) says which class loads
 it; with `target` the drafter is moved to the target's device and bound to it (drafters that borrow the target's
 embeddings or LM head).
 

@@ -72,7 +72,7 @@ def eagle3_drafter(target):  # random, 48-token draft vocabulary, the target's l
 @dataclass(frozen=True)
 class Variant:
     """A drafter this file saves, loads, pushes and exports: how it is built, the kind it is registered as
-    (`kinds.py`, its Hub tag), the class that decodes it and its serving export."""
+    (`registry.py`, its Hub tag), the class that decodes it and its serving export."""
 
     build: Callable
     kind: str

@@ -29,7 +29,7 @@ QUANTIZATION_CODE = {
 
 
 def drafter_kind(config) -> str:
-    """The Hub tag of a drafter's kind: its registered name (`kinds.py`), e.g. 'draft-model', 'eagle', 'medusa'."""
+    """The Hub tag of a drafter's kind: its registered name (`registry.py`), e.g. 'draft-model', 'eagle', 'medusa'."""
     kind = kind_of(config)
     return kind.hub_tag if kind is not None else "draft-model"
 
