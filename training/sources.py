@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from hf_specdec.errors import InputError, json_lines, one_line
+from hf_specdec.names import is_hub_id
 from hf_specdec.prompts import DEV_PROMPTS
 
 from .arguments import Args
@@ -108,7 +109,7 @@ def open_rows(args: Args):
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         ds = datasets.load_from_disk(str(path))
         return iter(ds[args.data_split] if isinstance(ds, datasets.DatasetDict) else ds)
-    if path.exists() or args.data.count("/") != 1:
+    if not is_hub_id(args.data):
         raise InputError(f"--data {args.data}: not a JSON-lines file, a saved `datasets` folder or a Hub dataset id "
                          "('owner/name'); pass one of those, or 'sharegpt'.")
     try:

@@ -12,6 +12,7 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from .. import names
 from ..default_model import DEFAULT_TARGET_NAME
 from ..registry import drafter_config, kind_of
 from ..models.borrowed import BorrowsFromTarget
@@ -35,8 +36,8 @@ def drafter_kind(config) -> str:
 
 
 def is_hub_id(name: str | None) -> bool:
-    """A Hub repo id ("owner/name") rather than a local folder."""
-    if not name or Path(name).exists() or name.count("/") != 1:
+    """A valid Hub repo id ("owner/name") rather than a local folder (what a card may name as its base model)."""
+    if not name or not names.is_hub_id(name):
         return False
     try:
         validate_repo_id(name)
