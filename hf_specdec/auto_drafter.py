@@ -19,7 +19,8 @@ from pathlib import Path
 from transformers import PreTrainedConfig
 
 from .models.borrowed import bind_if_borrowing
-from .names import UnknownDrafterError, is_hub_id, known_names
+from .default_model import is_hub_id
+from .names import UnknownDrafterError, known_names
 from .kinds import loading_kinds
 from .registry import kind_of
 from .shipped import shipped_folder

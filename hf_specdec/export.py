@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from .auto_drafter import AutoDrafter
-from .registry import export_formats, kind_of
-from .registry import resolved as exporter
+from .registry import export_formats, kind_of, resolved as exporter
 from .shipped import shipped_folder
 from .errors import InputError
 from .serving import TOKENIZER_FILES

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .default_model import is_default_target, is_hub_id
 from .errors import InputError
 from .registry import DrafterKind, named_kinds
 from .shipped import shipped_drafter_names
@@ -47,12 +48,6 @@ class Part:
     variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (drafters that draft trees)
 
 
-def is_hub_id(name) -> bool:
-    """Whether `name` is asked of the Hub: "owner/name", not a local path (the Hub itself checks the characters)."""
-    name = str(name)
-    return name.count("/") == 1 and "" not in name.split("/") and not Path(name).exists()
-
-
 def known_names() -> str:
     shipped = ", ".join(shipped_drafter_names()) or "none"
     words = ", ".join(kind.usage for kind in named_kinds().values())
@@ -66,8 +61,6 @@ def default_name(target=None, sampling: bool = False) -> str:
     lookup alone, since the heads' drafts are seldom drawn then and cost a fifth of a forward each); for any other
     target, n-gram lookup. Suffix decoding measures faster on repeated work, but a seeded sample would then depend on
     earlier calls, and one caller's text would shape how fast another's requests run, so it stays opt-in ("suffix")."""
-    from .default_model import is_default_target
-
     if (not sampling and (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names()):
         return "ngram+medusa:chain"
     return "ngram"
@@ -116,5 +109,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["TREE_SHAPES", "Part", "is_hub_id", "Name", "parse", "check", "known_names", "default_name",
+__all__ = ["TREE_SHAPES", "Part", "Name", "parse", "check", "known_names", "default_name",
            "UnknownDrafterError"]

@@ -68,7 +68,6 @@ class DrafterKind:
 
 
 _KINDS: dict[str, DrafterKind] = {}
-_BUILT_IN_IMPORTED: list = []  # (a list: set once, read without a global statement)
 
 
 def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
@@ -120,9 +119,7 @@ def drafter_config(source):
 def _registered() -> dict[str, DrafterKind]:
     """Every kind: the kinds with models register when their package (`kinds/`) is first imported, which the lookups
     that need them do here, so that their callers depend on this module alone (names need none of them)."""
-    if not _BUILT_IN_IMPORTED:
-        _BUILT_IN_IMPORTED.append(True)
-        importlib.import_module(".kinds", __package__)
+    importlib.import_module(".kinds", __package__)  # (after the first time, a look-up in sys.modules)
     return _KINDS
 
 

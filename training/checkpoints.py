@@ -17,7 +17,7 @@ from huggingface_hub import HfApi
 from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE, PushError
-from hf_specdec.names import is_hub_id
+from hf_specdec.default_model import is_hub_id
 
 from .arguments import Args, run_args_path
 from .sources import SHAREGPT_HUB_ID

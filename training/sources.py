@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from hf_specdec.errors import InputError, json_lines, one_line
-from hf_specdec.names import is_hub_id
+from hf_specdec.default_model import is_hub_id
 from hf_specdec.prompts import DEV_PROMPTS
 
 from .arguments import Args

@@ -12,7 +12,7 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from .. import names
+from .. import default_model
 from ..default_model import DEFAULT_TARGET_NAME
 from ..registry import drafter_config, kind_of
 from ..models.borrowed import BorrowsFromTarget
@@ -37,7 +37,7 @@ def drafter_kind(config) -> str:
 
 def is_hub_id(name: str | None) -> bool:
     """A valid Hub repo id ("owner/name") rather than a local folder (what a card may name as its base model)."""
-    if not name or not names.is_hub_id(name):
+    if not name or not default_model.is_hub_id(name):
         return False
     try:
         validate_repo_id(name)
