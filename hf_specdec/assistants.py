@@ -26,7 +26,7 @@ from .drafters.per_row import PerRowDrafter
 from .drafters.positionwise import PositionwiseDrafter
 from .kinds.draft_model.drafter import DraftModelDrafter
 from .names import Name, Part, UnknownDrafterError, known_names, parse
-from .registry import kind_of
+from .registry import kind_of, kind_of_model
 
 
 def accepted_assistants() -> str:
@@ -136,15 +136,13 @@ def _wrapped(assistant) -> Drafter:
     if isinstance(assistant, SequenceDrafter):
         return PerRowDrafter(assistant)  # one copy per row; the loop sees one batched signature
     if isinstance(assistant, PreTrainedModel):
-        kind = kind_of(assistant.config)
-        if kind is None and _is_causal_lm(assistant):
-            return DraftModelDrafter(assistant)  # a causal LM whose config type no mapping names (a multimodal text model)
-        if kind is None or assistant.config.is_encoder_decoder:
-            raise TypeError(f"assistant={type(assistant).__name__} is not a drafter or a causal LM; expected "
-                            f"{accepted_assistants()}.")
-        if kind.config_class is None and assistant.get_output_embeddings() is None:
-            raise TypeError(f"assistant={type(assistant).__name__} has no LM head; expected {accepted_assistants()}.")
-        return kind.drafter_class(assistant)
+        kind = kind_of_model(assistant)
+        if kind is not None and kind.name != "causal-lm":
+            return kind.drafter_for(assistant)  # a drafter model of a registered kind
+        if _is_causal_lm(assistant):  # any causal LM (its config type mapped or not: a multimodal model's text part)
+            return DraftModelDrafter(assistant)
+        raise TypeError(f"assistant={type(assistant).__name__} is not a drafter or a causal LM with an LM head; "
+                        f"expected {accepted_assistants()}.")
     if isinstance(assistant, CandidateGenerator):
         return PerRowDrafter(CandidateGeneratorDrafter(assistant))
     raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {accepted_assistants()}.")

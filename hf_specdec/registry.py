@@ -30,8 +30,8 @@ from typing import Callable
 class DrafterKind:
     name: str
     config_class: type | None = None  # None, with a model class: any config transformers maps to a causal LM
-    model_class: type | None = None  # what `AutoDrafter` loads with (`from_pretrained`); None: no model to load
-    drafter_class: Callable | None = None  # model -> the Drafter that decodes with it
+    model_class: type | str | None = None  # what `AutoDrafter` loads with (`from_pretrained`); None: no model to load
+    drafter_class: Callable | str | None = None  # model -> the Drafter that decodes with it
     matches: Callable[[object], bool] | None = None  # tells apart kinds that share a config class
     exporters: dict = field(default_factory=dict)  # format -> exporter(model, target, out, dtype), or its "module:name"
     training: str | None = None  # "module:attribute" of its training adapter
@@ -53,9 +53,15 @@ class DrafterKind:
     def builder(self) -> Callable:
         return resolved(self.build)
 
+    def drafter_for(self, model):
+        """The Drafter that decodes with a model of this kind."""
+        return resolved(self.drafter_class)(model)
+
     def accepts(self, config) -> bool:
         if self.model_class is None:
             return False
+        if self.config_class is None and self.matches is not None:
+            return bool(self.matches(config))
         if self.config_class is None:
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -100,6 +106,14 @@ def kind_of(config) -> DrafterKind | None:
     kinds = _registered().values()
     return next((kind for kind in kinds if kind.config_class is not None and kind.accepts(config)),
                 next((kind for kind in kinds if kind.config_class is None and kind.accepts(config)), None))
+
+
+def kind_of_model(model) -> DrafterKind | None:
+    """The kind of a drafter model object: a kind whose model class has no config of its own (transformers' MTP
+    layers, built from the target's config) by its class, any other by its config."""
+    kinds = _registered().values()
+    return next((kind for kind in kinds if kind.config_class is None and kind.matches is not None
+                 and isinstance(model, resolved(kind.model_class))), None) or kind_of(model.config)
 
 
 def export_formats() -> dict[str, DrafterKind]:
@@ -157,8 +171,14 @@ register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:Plain
                                   description="no drafts: plain steps through hf_specdec's loop"))
 register_drafter_kind(DrafterKind("self", number="optional", description="the target's own first N layers (default: half)",
                                   build=f"{_DRAFT_MODELS}.self_speculative:SelfSpeculativeDrafter.for_target"))
+register_drafter_kind(DrafterKind("mtp", description="the target's own multi-token-prediction layers (DeepSeek-V3, "
+                                  "GLM-4-MoE, ...: transformers' use_mtp=True)",
+                                  build="hf_specdec.kinds.mtp.drafter:MtpDrafter.for_target",
+                                  model_class="transformers.modeling_layers:MtpModel",  # built from the target's config:
+                                  matches=lambda config: False,  # known by its class, never by a config
+                                  drafter_class="hf_specdec.kinds.mtp.drafter:MtpDrafter"))
 register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "export_formats",
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model", "export_formats",
            "drafter_config", "resolved"]
