@@ -457,6 +457,38 @@ def test_block_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     decode_like_plain(target, hf_specdec.drafters.BlockDrafter(drafter, tree=6), None)
 
 
+def test_a_dflash_drafter_trains_in_transformers_layout_and_fine_tunes(world, tmp_path):
+    """A DFlash drafter the trainer makes loads in plain transformers without remote code and decodes there with
+    speculation_type="dflash" exactly as plain greedy; the trainer then fine-tunes it from its folder."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
+
+    out = tmp_path / "dflash"
+    summary = run_in_process(cli(world, out, drafter="dflash", block_size=4, block_anchors=8, max_steps=30,
+                                 eval_every=30, save_every=0, learning_rate=1e-2))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert_evaluated_speculatively(summary["best"])
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    drafter = MuseGlimmerAssistantModel.from_pretrained(out).eval()  # transformers' own class, from the folder
+    assert json.loads((out / "config.json").read_text())["model_type"] == "muse_glimmer_assistant"
+    forwards = [0]
+    for seed in range(3):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        hook = target.register_forward_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
+        theirs = target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=drafter,
+                                 speculation_type="dflash")
+        hook.remove()
+        assert torch.equal(theirs, plain)
+    assert forwards[0] < 3 * 16, "plain transformers accepted none of its drafts"
+    decode_like_plain(target, drafter, 3)
+    tuned = tmp_path / "tuned"
+    run_in_process(cli(world, tuned, drafter=str(out), max_steps=4, eval_every=4, save_every=0))
+    first = [r for r in read_log(tuned) if r["event"] == "train"][0]
+    assert first["loss"] < log[0]["loss"], "the fine-tuning did not start from the folder's drafter"
+    assert hf_specdec.AutoDrafter.from_pretrained(tuned, target=target).config.block_size == 4
+
+
 def test_a_larger_set_reuses_the_parts_a_smaller_one_made(world, tmp_path):
     """--num-score 20 after --num-score 12 (parts of 8) scores only what is new: part 0 is reused, the smaller run's
     short last part is made again, and the result equals a fresh 20-text preparation."""

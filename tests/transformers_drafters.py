@@ -79,4 +79,50 @@ def _checkpoint_keys(state: dict, prefix: str) -> dict:
     return out
 
 
-__all__ = ["tiny_deepseek_with_mtp"]
+def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0,1", layers: int = 1, steps: int = 150,
+                   seed: int = 0, **generate_kwargs):
+    """A tiny DFlash drafter trained for `steps` on the target's continuations of `prompts` (greedy, 40 tokens, unless
+    `generate_kwargs` say otherwise: fit sampling tests on samples; every position an anchor, cross-entropy on the
+    target's tokens): its first block slots agree with the target often, not always. One layer learns to tell its mask
+    slots apart only where the greedy text makes it easy; sampling tests take two."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
+
+    from hf_specdec.kinds.dflash.drafter import context_modules
+    from hf_specdec.kinds.dflash.training import DFlashOptions, block_hidden, new_config
+
+    torch.manual_seed(seed)
+    options = DFlashOptions(block_size=block_size, target_layers=target_layers, dflash_layers=layers)
+    model = MuseGlimmerAssistantModel(new_config(target.config, options))
+    with torch.no_grad():  # loud attention (transformers' 0.02 init): the block's slots tell their positions apart
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.3)
+    modules = context_modules(target, model.config.target_layer_ids)
+    data = []
+    with torch.no_grad():
+        for prompt in prompts:
+            seq = target.generate(prompt, **{"do_sample": False, "max_new_tokens": 40, **generate_kwargs})
+            captured = [None] * len(modules)
+            hooks = [m.register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+                     for i, m in enumerate(modules)]
+            target(seq)
+            for hook in hooks:
+                hook.remove()
+            data.append((seq, torch.cat(captured, dim=-1)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    embedding, head = target.get_input_embeddings(), target.get_output_embeddings()
+    for _ in range(steps):
+        loss = 0
+        for seq, features in data:
+            anchors = torch.arange(1, seq.shape[1] - 1)[None]
+            logits = head(block_hidden(model, features, seq, anchors, embedding)[:, :, 1:])  # [1, A, size - 1, V]
+            wanted = anchors[:, :, None] + torch.arange(1, block_size)  # slot i: the token j + i
+            keep = wanted < seq.shape[1]
+            loss = loss + torch.nn.functional.cross_entropy(logits[keep], seq[0, wanted[keep]])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+__all__ = ["tiny_deepseek_with_mtp", "trained_dflash"]

@@ -90,7 +90,7 @@ class RaggedKV:
         self.num_slots = 0
         self.slot_mask: torch.Tensor | None = None  # [B, slots] on the device, 1 = real; None while there are no holes
         self.fast = fast_cpu_verify and self.device.type == "cpu"
-        self.keep_logits = model._supports_logits_to_keep()
+        self.keep_logits = hasattr(model, "_supports_logits_to_keep") and model._supports_logits_to_keep()  # (a base model has no logits)
         self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
         self.last_output = None
         self.check_roll_back = can_roll_back(cache) is None  # known after the first forward (see `can_roll_back`)

@@ -9,9 +9,11 @@ lookup.
 from __future__ import annotations
 
 from transformers import AutoModelForCausalLM
+from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
 from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
 from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter
@@ -38,6 +40,11 @@ register_drafter_kind(DrafterKind(
 register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
+register_drafter_kind(DrafterKind(
+    "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter,
+    training=f"{__name__}.dflash.training:DFlashTraining",
+    description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
+                "(transformers' speculation_type='dflash')"))
 
 
 

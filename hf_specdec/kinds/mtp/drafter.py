@@ -14,7 +14,6 @@ checkpoint has them, are not used.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import MtpModel
@@ -47,9 +46,6 @@ class MtpHead(nn.Module):
     @property
     def dtype(self):
         return self.mtp.dtype
-
-    def _supports_logits_to_keep(self) -> bool:
-        return False
 
     def bind_target(self, target) -> None:
         """Share the target's embeddings and LM head (an MtpModel is built tied to one target object)."""
