@@ -125,4 +125,41 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
     return model.eval()
 
 
-__all__ = ["tiny_deepseek_with_mtp", "trained_dflash"]
+def tiny_gemma4_with_assistant(vocab: int = 16, seed: int = 0, quiet: float = 0.05, noise: float = 0.02,
+                               num_assistant_tokens: int = 4, sliding_window: int = 64):
+    """A 2-layer Gemma 4 target (a sliding and a full layer, both storing the K/V an assistant reads) and a Gemma 4
+    assistant that agrees with it often, not always: the target's layers are quieted (their post-norms scaled by
+    `quiet`), so that its next token depends mostly on the current one; the assistant passes its token's embedding
+    through (its projection reads the embedding, a little of the target's state; its layers are silenced) to the
+    target's own final norm and LM head."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 layer_types=["sliding_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=16, global_head_dim=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                 sliding_window=sliding_window, max_position_embeddings=256, pad_token_id=0, eos_token_id=None, bos_token_id=None,
+                 initializer_range=0.3, tie_word_embeddings=False)
+    target = Gemma4ForCausalLM(Gemma4TextConfig(**shape)).eval()
+    assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(
+        text_config=dict(model_type="gemma4_text", **shape), backbone_hidden_size=32, tie_word_embeddings=False)).eval()
+    hidden = shape["hidden_size"]
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.post_attention_layernorm.weight.mul_(quiet)
+            layer.post_feedforward_layernorm.weight.mul_(quiet)
+        for layer in assistant.model.layers:
+            layer.post_attention_layernorm.weight.zero_()
+            layer.post_feedforward_layernorm.weight.zero_()
+        assistant.pre_projection.weight.zero_()
+        assistant.pre_projection.weight[:, :hidden] = torch.eye(hidden)
+        assistant.pre_projection.weight[:, hidden:] = noise * torch.randn(hidden, hidden)  # the target's state matters a little
+        assistant.post_projection.weight.copy_(torch.eye(hidden))
+        assistant.model.norm.weight.copy_(target.model.norm.weight)
+        assistant.lm_head.weight.copy_(target.lm_head.weight)
+    assistant.generation_config.num_assistant_tokens = num_assistant_tokens
+    return target, assistant
+
+
+__all__ = ["tiny_deepseek_with_mtp", "trained_dflash", "tiny_gemma4_with_assistant"]

@@ -92,6 +92,7 @@ class RaggedKV:
         self.fast = fast_cpu_verify and self.device.type == "cpu"
         self.keep_logits = hasattr(model, "_supports_logits_to_keep") and model._supports_logits_to_keep()  # (a base model has no logits)
         self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
+        self.shares_kv = bool(getattr(model.config.get_text_config(), "num_kv_shared_layers", 0))
         self.last_output = None
         self.check_roll_back = can_roll_back(cache) is None  # known after the first forward (see `can_roll_back`)
 
@@ -185,7 +186,9 @@ class RaggedKV:
     def _run(self, ids, positions, num_logits: int, mask, kwargs: dict, call=None) -> torch.Tensor:
         """The model's forward (or `call`) on the cache (keeping `last_output`, and the captured hidden states)."""
         call = self.model if call is None else call
-        if self.keep_logits:
+        # (a model whose KV-shared layers run on the kept positions only, Gemma 4's, would then give a feature drafter
+        # the states of those positions alone: while it records states, it computes logits for every position)
+        if self.keep_logits and not (self.capture is not None and self.shares_kv):
             kwargs["logits_to_keep"] = num_logits
         if mask is not None:
             kwargs["attention_mask"] = mask

@@ -9,6 +9,8 @@ lookup.
 from __future__ import annotations
 
 from transformers import AutoModelForCausalLM
+from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+from transformers.models.gemma4_unified_assistant import Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM
 from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
 from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
@@ -17,6 +19,7 @@ from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter
+from .gemma4_assistant import Gemma4AssistantDrafter
 from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads
 
 # one line a kind: its folder holds the config, model, drafter, exporter and training adapter named here
@@ -45,6 +48,11 @@ register_drafter_kind(DrafterKind(
     training=f"{__name__}.dflash.training:DFlashTraining",
     description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
                 "(transformers' speculation_type='dflash')"))
+for config_class, model_class in ((Gemma4AssistantConfig, Gemma4AssistantForCausalLM),
+                                  (Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM)):
+    register_drafter_kind(DrafterKind(
+        config_class.model_type.replace("_", "-"), config_class, model_class, Gemma4AssistantDrafter,
+        description="a Gemma 4 assistant: drafts from its Gemma 4 target's final state and stored K/V"))
 
 
 
