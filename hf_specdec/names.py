@@ -87,7 +87,9 @@ def parse(spec: str, target=None, sampling: bool = False) -> Name:
 
 def _parse_one(piece: str) -> Part:
     name, colon, argument = piece.partition(":")
-    kind = named_kinds().get(name)
+    # the model-free names without importing anything heavy; any other (a kind with a model, such as "mtp") after
+    # importing the kinds that load models
+    kind = named_kinds(complete=False).get(name) or named_kinds().get(name)
     # registered names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
     if kind is None and name not in shipped_drafter_names() and Path(piece).exists():
         return Part(source=piece)

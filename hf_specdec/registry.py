@@ -30,8 +30,8 @@ from typing import Callable
 class DrafterKind:
     name: str
     config_class: type | None = None  # None, with a model class: any config transformers maps to a causal LM
-    model_class: type | str | None = None  # what `AutoDrafter` loads with (`from_pretrained`); None: no model to load
-    drafter_class: Callable | str | None = None  # model -> the Drafter that decodes with it
+    model_class: type | None = None  # what `AutoDrafter` loads with (`from_pretrained`); None: no model to load
+    drafter_class: Callable | None = None  # model -> the Drafter that decodes with it
     matches: Callable[[object], bool] | None = None  # tells apart kinds that share a config class
     exporters: dict = field(default_factory=dict)  # format -> exporter(model, target, out, dtype), or its "module:name"
     training: str | None = None  # "module:attribute" of its training adapter
@@ -55,7 +55,7 @@ class DrafterKind:
 
     def drafter_for(self, model):
         """The Drafter that decodes with a model of this kind."""
-        return resolved(self.drafter_class)(model)
+        return self.drafter_class(model)
 
     def accepts(self, config) -> bool:
         if self.model_class is None:
@@ -94,9 +94,11 @@ def drafter_kinds() -> list[DrafterKind]:
     return list(_registered().values())
 
 
-def named_kinds() -> dict[str, DrafterKind]:
-    """The kinds an assistant name builds (`assistant="ngram"`), by name."""
-    return {kind.name: kind for kind in _KINDS.values() if kind.build is not None}
+def named_kinds(complete: bool = True) -> dict[str, DrafterKind]:
+    """The kinds an assistant name builds (`assistant="ngram"`), by name; `complete=False`: those registered so far
+    (the model-free ones below at least), without importing the kinds with models."""
+    kinds = _registered() if complete else _KINDS
+    return {kind.name: kind for kind in kinds.values() if kind.build is not None}
 
 
 def kind_of(config) -> DrafterKind | None:
@@ -113,7 +115,7 @@ def kind_of_model(model) -> DrafterKind | None:
     layers, built from the target's config) by its class, any other by its config."""
     kinds = _registered().values()
     return next((kind for kind in kinds if kind.config_class is None and kind.matches is not None
-                 and isinstance(model, resolved(kind.model_class))), None) or kind_of(model.config)
+                 and isinstance(model, kind.model_class)), None) or kind_of(model.config)
 
 
 def export_formats() -> dict[str, DrafterKind]:
@@ -171,12 +173,6 @@ register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:Plain
                                   description="no drafts: plain steps through hf_specdec's loop"))
 register_drafter_kind(DrafterKind("self", number="optional", description="the target's own first N layers (default: half)",
                                   build=f"{_DRAFT_MODELS}.self_speculative:SelfSpeculativeDrafter.for_target"))
-register_drafter_kind(DrafterKind("mtp", description="the target's own multi-token-prediction layers (DeepSeek-V3, "
-                                  "GLM-4-MoE, ...: transformers' use_mtp=True)",
-                                  build="hf_specdec.kinds.mtp.drafter:MtpDrafter.for_target",
-                                  model_class="transformers.modeling_layers:MtpModel",  # built from the target's config:
-                                  matches=lambda config: False,  # known by its class, never by a config
-                                  drafter_class="hf_specdec.kinds.mtp.drafter:MtpDrafter"))
 register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
 

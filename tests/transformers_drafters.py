@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-from transformers.modeling_layers import MtpModel
 
 _RESIDUAL_OUTPUTS = ("o_proj.weight", "down_proj.weight", "down_proj")  # what a layer adds to the residual stream
 
@@ -27,6 +26,8 @@ def tiny_deepseek_with_mtp(folder, vocab: int = 32, seed: int = 0, quiet: float 
     token depends mostly on the current one; the MTP layer passes its token's embedding through (its projection reads
     the embedding, its block is quieted too), so that it predicts what the target would say after that token: right
     often, not always."""
+    from transformers.modeling_layers import MtpModel
+
     torch.manual_seed(seed)
     config = DeepseekV3Config(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,

@@ -9,17 +9,12 @@ lookup.
 from __future__ import annotations
 
 from transformers import AutoModelForCausalLM
-from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
-from transformers.models.gemma4_unified_assistant import Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM
-from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
 from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
 from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel
-from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
 from .eagle import EagleDrafter
 from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter
-from .gemma4_assistant import Gemma4AssistantDrafter
 from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads
 
 # one line a kind: its folder holds the config, model, drafter, exporter and training adapter named here
@@ -43,17 +38,43 @@ register_drafter_kind(DrafterKind(
 register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",
     description="a causal LM with the target's vocabulary (transformers' AutoModelForCausalLM)", tag="draft-model"))
-register_drafter_kind(DrafterKind(
-    "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter,
-    training=f"{__name__}.dflash.training:DFlashTraining",
-    description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
-                "(transformers' speculation_type='dflash')"))
-for config_class, model_class in ((Gemma4AssistantConfig, Gemma4AssistantForCausalLM),
-                                  (Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM)):
-    register_drafter_kind(DrafterKind(
-        config_class.model_type.replace("_", "-"), config_class, model_class, Gemma4AssistantDrafter,
-        description="a Gemma 4 assistant: drafts from its Gemma 4 target's final state and stored K/V"))
+# the drafters transformers ships (MTP layers, DFlash, Gemma 4 assistants), where the installed release has them (5.25 does)
+try:
+    from transformers.modeling_layers import MtpModel
 
+    from .mtp import MtpDrafter
+except ImportError:
+    pass
+else:
+    register_drafter_kind(DrafterKind(
+        "mtp", None, MtpModel, MtpDrafter, matches=lambda config: False,  # the target's own layers: by name or object
+        build=MtpDrafter.for_target,
+        description="the target's own multi-token-prediction layers (DeepSeek-V3, GLM-4-MoE, ...: transformers' use_mtp=True)"))
+try:
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    from .dflash import DFlashDrafter
+except ImportError:
+    pass
+else:
+    register_drafter_kind(DrafterKind(
+        "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter,
+        training=f"{__name__}.dflash.training:DFlashTraining",
+        description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
+                    "(transformers' speculation_type='dflash')"))
+try:
+    from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+    from transformers.models.gemma4_unified_assistant import Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM
+
+    from .gemma4_assistant import Gemma4AssistantDrafter
+except ImportError:
+    pass
+else:
+    for config_class, model_class in ((Gemma4AssistantConfig, Gemma4AssistantForCausalLM),
+                                      (Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM)):
+        register_drafter_kind(DrafterKind(
+            config_class.model_type.replace("_", "-"), config_class, model_class, Gemma4AssistantDrafter,
+            description="a Gemma 4 assistant: drafts from its Gemma 4 target's final state and stored K/V"))
 
 
 def loading_kinds() -> list[DrafterKind]:
