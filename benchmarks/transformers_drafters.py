@@ -10,7 +10,8 @@ a tiny Llama's greedy continuations of the prompts below), decoding the same pro
 - hf_specdec at that same constant length, and at its default (`draft_length="adaptive"`), batch 1;
 - hf_specdec with the prompts as one left-padded batch (transformers' paths are batch 1 only).
 
-Tokens per target forward (per row, in the batch) come from a hook counting the target's forwards; times are medians of rounds that interleave
+Tokens per target forward come from a hook counting the target's forwards (per row in the batch, from
+`speculation_stats`); ms per step is the call's time over the target's forwards; times are medians of rounds that interleave
 the methods call by call. The targets are tiny (a forward costs well under a millisecond on this CPU), so time per
 step is mostly each loop's own bookkeeping: the speed-ups say nothing of a real model, where the target's forward
 dominates; the tokens per forward and the time per step do carry over.
@@ -32,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tiny builders the tests use
 
-from hf_specdec import speculative_generate  # noqa: E402
+from hf_specdec import SpeculationStats, speculative_generate  # noqa: E402
 from hf_specdec.diagnostics import count_forwards  # noqa: E402
 from tests.conftest import random_prompts, tiny_llama  # noqa: E402
 from tests.speculation import PAD, left_pad, quiet_last_layer  # noqa: E402
@@ -92,8 +93,9 @@ def measure(name, target, assistant, theirs_kwargs, length, prompts, new_tokens,
     expected = target.generate(ids, **batch)
     out = target.generate(ids, **batch, **ours, num_draft_tokens=length, draft_length="constant")
     assert torch.equal(out, expected), f"{name}: the batch changed the output"
+    stats = SpeculationStats()  # per row: a sliding-window target's batch decodes row by row
     steps = count_forwards(target, lambda: target.generate(ids, **batch, **ours, num_draft_tokens=length,
-                                                           draft_length="constant"))
+                                                           draft_length="constant", speculation_stats=stats))
     times = {"plain": [], "ours": []}
     for _ in range(repeats):
         for key, fn in (("plain", lambda: target.generate(ids, **batch)),
@@ -104,7 +106,7 @@ def measure(name, target, assistant, theirs_kwargs, length, prompts, new_tokens,
             times[key].append(time.perf_counter() - start)
     seconds = statistics.median(times["ours"])
     rows.append({"kind": name, "method": f"hf_specdec, k = {length}, one batch", "batch": len(prompts),
-                 "tokens_per_target_forward": tokens / len(prompts) / steps, "ms_per_step": 1000 * seconds / steps,
+                 "tokens_per_target_forward": stats.emitted_tokens / stats.target_forwards, "ms_per_step": 1000 * seconds / steps,
                  "tokens_per_second": tokens / seconds, "speedup_vs_plain": statistics.median(times["plain"]) / seconds,
                  "identical": True})
     return rows

@@ -88,6 +88,7 @@ class DFlashDrafter(PositionwiseDrafter):
         # slots in every layer (the target's cache holds as much)
         self.kv = RaggedKV(self.model, DFlashCache(), seqs.size)
         self.fed = [0] * seqs.size  # per row: verified tokens whose states are in the drafter's cache
+        self.masks = torch.full((1, self.block_size - 1), self.model.config.mask_token_id, device=target.device)
 
     def accepted(self, seqs, verified):
         self.target_features.extend(verified)
@@ -107,19 +108,25 @@ class DFlashDrafter(PositionwiseDrafter):
             context.append(self.target_features.features[b][self.fed[b] : len(row) - 1])
             newest.append(row[-1])
             self.fed[b] = len(row) - 1
-        valid = torch.arange(max(len(c) for c in context))[None] < torch.tensor([len(c) for c in context])[:, None]
-        context_positions = kv._positions(valid)
-        kv.append_slots(valid)  # the context's slots, holes where a row verified fewer tokens
-        block_positions = torch.tensor([len(c) for c in kv.cols])[:, None] + torch.arange(self.block_size)[None]
+        counts = [len(c) for c in context]
+        width = max(counts)
+        if kv.slot_mask is None and min(counts) == width:  # no holes, none made: the positions are one range
+            positions = torch.arange(kv.slots, kv.slots + width + self.block_size, device=device)[None].expand(batch, -1)
+            kv.append_slots(torch.ones(batch, width, dtype=torch.bool))
+        else:
+            valid = torch.arange(width)[None] < torch.tensor(counts)[:, None]
+            context_positions = kv._positions(valid)
+            kv.append_slots(valid)  # the context's slots, holes where a row verified fewer tokens
+            block_positions = torch.tensor([len(c) for c in kv.cols])[:, None] + torch.arange(self.block_size)[None]
+            positions = torch.cat([context_positions, block_positions], dim=1).to(device)
         mask = None
         if kv.slot_mask is not None:
             mask = torch.cat([kv.slot_mask, kv.slot_mask.new_ones(batch, self.block_size)], dim=1)
-        block = torch.full((batch, self.block_size), self.model.config.mask_token_id, device=device)
-        block[:, 0] = torch.stack(newest).to(device)
-        kv.cache.set_previous_accepted_tokens(valid.shape[1])
+        block = torch.cat([torch.stack(newest)[:, None].to(device), self.masks.expand(batch, -1)], dim=1)
+        kv.cache.set_previous_accepted_tokens(width)
         out = self.model(noise_embeds=embedded(self.embedding, block).to(self.model.dtype),
                          context_hidden_states=torch.nn.utils.rnn.pad_sequence(context, batch_first=True).to(self.model.dtype),
-                         position_ids=torch.cat([context_positions, block_positions], dim=1).to(device),
+                         position_ids=positions,
                          attention_mask=mask, cache=kv.cache)
         kv.cache.crop(-self.block_size)  # the block leaves the cache: it keeps verified context only
         return self.head(out.last_hidden_state[:, 1 : 1 + k].to(self.head.weight.dtype))
