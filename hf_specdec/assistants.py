@@ -16,7 +16,7 @@ import contextlib
 import threading
 from dataclasses import dataclass
 
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .auto_drafter import AutoDrafter
@@ -24,9 +24,8 @@ from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
 from .drafters.fallback import FallbackDrafter
 from .drafters.per_row import PerRowDrafter
 from .drafters.positionwise import PositionwiseDrafter
-from .kinds.draft_model.drafter import DraftModelDrafter
 from .names import Name, Part, UnknownDrafterError, known_names, parse
-from .registry import kind_of, kind_of_model
+from .registry import kind_of_model
 
 
 def accepted_assistants() -> str:
@@ -69,10 +68,14 @@ def resolve(assistant, target=None, sampling: bool = False) -> Assistant:
     """`assistant=` as this call's `Assistant`, or a clear error listing what is accepted. A name is parsed here,
     once ("default" standing for the drafter measured fastest for this target, greedy or `sampling`), and built at its
     first use on `target`, then kept with it."""
+    if isinstance(assistant, (Drafter, SequenceDrafter, CandidateGenerator)):
+        return Assistant(_adapted(assistant), assistant)
     if isinstance(assistant, str):
         drafter = _kept(target, parse(assistant, target, sampling))
         return Assistant(drafter, drafter)
-    return Assistant(_wrapped(assistant), assistant)
+    if isinstance(assistant, PreTrainedModel):
+        return Assistant(_model_drafter(assistant), assistant)
+    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {accepted_assistants()}.")
 
 
 def as_drafter(assistant, target=None) -> Drafter:
@@ -119,8 +122,8 @@ def _built_part(part: Part, target) -> Drafter:
         return part.kind.builder()(target, part.number)
     model = AutoDrafter.from_pretrained(part.source, target=target)
     if not part.variant:
-        return _wrapped(model)
-    drafter_class = kind_of(model.config).drafter_class
+        return _model_drafter(model)
+    drafter_class = kind_of_model(model).drafter_class
     if not issubclass(drafter_class, PositionwiseDrafter):
         raise UnknownDrafterError(f"{part.source}:{part.variant}: only drafters that draft trees (Medusa heads, block "
                                   f"drafters) take a suffix (':chain', ':tree' or ':N', an N-node tree). Known names: "
@@ -129,29 +132,22 @@ def _built_part(part: Part, target) -> Drafter:
     return drafter_class(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
 
 
-def _wrapped(assistant) -> Drafter:
-    """An assistant object as a batched Drafter."""
-    if isinstance(assistant, Drafter):
-        return assistant
+def _adapted(assistant) -> Drafter:
+    """A drafter object as a batched Drafter: one copy per row of a sequence drafter (the loop sees one signature)."""
     if isinstance(assistant, SequenceDrafter):
-        return PerRowDrafter(assistant)  # one copy per row; the loop sees one batched signature
-    if isinstance(assistant, PreTrainedModel):
-        kind = kind_of_model(assistant)
-        if kind is not None and kind.name != "causal-lm":
-            return kind.drafter_for(assistant)  # a drafter model of a registered kind
-        if _is_causal_lm(assistant):  # any causal LM (its config type mapped or not: a multimodal model's text part)
-            return DraftModelDrafter(assistant)
-        raise TypeError(f"assistant={type(assistant).__name__} is not a drafter or a causal LM with an LM head; "
-                        f"expected {accepted_assistants()}.")
+        return PerRowDrafter(assistant)
     if isinstance(assistant, CandidateGenerator):
         return PerRowDrafter(CandidateGeneratorDrafter(assistant))
-    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {accepted_assistants()}.")
+    return assistant
 
 
-def _is_causal_lm(model) -> bool:
-    """What a causal LM is, whatever its config type: a decoder that generates, with an LM head."""
-    return (isinstance(model, GenerationMixin) and not model.config.is_encoder_decoder
-            and model.get_output_embeddings() is not None)
+def _model_drafter(model) -> Drafter:
+    """A model as the Drafter of its kind (`registry.kind_of_model`: a drafter kind, or any causal LM)."""
+    kind = kind_of_model(model)
+    if kind is None:
+        raise TypeError(f"assistant={type(model).__name__} is not a drafter or a causal LM with an LM head; "
+                        f"expected {accepted_assistants()}.")
+    return kind.drafter_for(model)
 
 
 __all__ = ["Assistant", "resolve", "as_drafter", "get_assistant", "build", "accepted_assistants"]

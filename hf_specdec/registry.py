@@ -74,6 +74,7 @@ class DrafterKind:
 
 
 _KINDS: dict[str, DrafterKind] = {}
+CAUSAL_LM = "causal-lm"  # the kind any causal LM with the target's vocabulary is (kinds/__init__.py)
 
 
 def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
@@ -111,11 +112,20 @@ def kind_of(config) -> DrafterKind | None:
 
 
 def kind_of_model(model) -> DrafterKind | None:
-    """The kind of a drafter model object: a kind whose model class has no config of its own (transformers' MTP
-    layers, built from the target's config) by its class, any other by its config."""
-    kinds = _registered().values()
-    return next((kind for kind in kinds if kind.config_class is None and kind.matches is not None
-                 and isinstance(model, kind.model_class)), None) or kind_of(model.config)
+    """The kind of a drafter model object: a kind with no config of its own (transformers' MTP layers, built from the
+    target's config) by its class, any other by its config; a model that generates with an LM head whose config no
+    kind claims (a multimodal model's text part) is a causal LM; None: no drafter."""
+    kinds = _registered()
+    by_class = next((kind for kind in kinds.values() if kind.config_class is None and kind.matches is not None
+                     and isinstance(model, kind.model_class)), None)
+    if by_class is not None:
+        return by_class
+    kind = kind_of(model.config)
+    if kind is not None and kind.config_class is not None:
+        return kind
+    generates = (callable(getattr(model, "generate", None)) and not model.config.is_encoder_decoder
+                 and model.get_output_embeddings() is not None)
+    return kinds[CAUSAL_LM] if generates else None
 
 
 def export_formats() -> dict[str, DrafterKind]:

@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("transformers.models.muse_glimmer_assistant", reason="this transformers release does not ship the drafter")
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import hf_specdec
 from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, speculative_generate
 from hf_specdec.errors import InputError
 from hf_specdec.kinds.dflash import DFlashDrafter
@@ -44,7 +45,16 @@ def test_dflash_by_object_and_by_folder_is_plain_greedy(target, dflash, tmp_path
     assert isinstance(as_drafter(str(tmp_path), target), DFlashDrafter)
     assert isinstance(AutoDrafter.from_pretrained(tmp_path, target=target), type(dflash))
     check_greedy_prompt_by_prompt(target, dflash, PROMPTS, k=3, depth=3, adaptive_depth=2)
-    check_greedy_prompt_by_prompt(target, str(tmp_path), PROMPTS[:2], k=3, depth=2)
+    hf_specdec.enable(target)  # the other way in: generate(assistant=...) on an enabled model
+    try:
+        stats = SpeculationStats()
+        for prompt in PROMPTS[:3]:
+            out = target.generate(prompt, assistant=str(tmp_path), max_new_tokens=24, do_sample=False,
+                                  speculation_stats=stats, draft_length="constant")
+            assert torch.equal(out, target.generate(prompt, max_new_tokens=24, do_sample=False))
+        assert_speculated(stats, depth=2)
+    finally:
+        hf_specdec.disable(target)
 
 
 def test_dflash_drafts_what_transformers_dflash_path_drafts(target, dflash, one_thread):
