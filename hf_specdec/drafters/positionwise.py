@@ -85,6 +85,8 @@ class PositionChain:
         return max_tokens, min(max_tokens, num_positions)
 
     def draft(self, logits: torch.Tensor, settings, seqs, max_tokens: int) -> Draft:
+        if not (settings.do_sample or settings.logits_processor or settings.confidence_threshold is not None):
+            return Draft(logits.argmax(dim=-1))  # greedy, nothing reshapes the scores, no row stops: one argmax
         drafting = Drafting(settings, seqs, logits.device)
         for i in range(logits.shape[1]):  # position i's token; rows stop at a position less confident than the threshold
             if not drafting.step(logits[:, i]):
