@@ -1,13 +1,16 @@
 """hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`.
 
-The names below load on first use (as transformers' own do), so that `import hf_specdec` and the `hf-specdec`
-command's argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()` registers the
+The names below, and each drafter kind's config, model and drafter classes (`hf_specdec.MedusaHeads`, named by the
+registry), load on first use (as transformers' own do), so that `import hf_specdec` and the `hf-specdec` command's
+argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()` registers the
 drafter kinds with transformers' Auto classes.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from . import registry  # (light: no torch)
 
 __version__ = "0.1.0"
 
@@ -26,30 +29,28 @@ _EXPORTS = {
     "NgramDrafter": ".drafters",
     "as_drafter": ".assistants",
     "load_default_target": ".default_model",
-    "SpecDrafterConfig": ".kinds.draft_model",
-    "SpecDrafterForCausalLM": ".kinds.draft_model",
-    "Eagle3Config": ".kinds.eagle3",
-    "Eagle3DraftModel": ".kinds.eagle3",
-    "BlockDrafterConfig": ".kinds.block",
-    "BlockDrafterModel": ".kinds.block",
-    "MedusaConfig": ".kinds.medusa",
-    "MedusaHeads": ".kinds.medusa",
     "AutoDrafter": ".auto_drafter",
     "DrafterKind": ".registry",
     "register_drafter_kind": ".registry",
 }
 
-__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
     importlib.import_module(".kinds", __name__)  # every drafter kind registered before any of them is used
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    if name == "__all__":  # (for `from hf_specdec import *`)
+        return [*_EXPORTS, *sorted(registry.kind_classes())]
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    elif name in registry.kind_classes():
+        value = registry.kind_classes()[name]
+    else:
+        raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(registry.kind_classes()))

@@ -128,6 +128,14 @@ def kind_of_model(model) -> DrafterKind | None:
     return kinds[CAUSAL_LM] if generates else None
 
 
+def kind_classes() -> dict[str, type]:
+    """The config, model and drafter classes of the kinds hf_specdec defines (its public `hf_specdec.MedusaHeads`,
+    `hf_specdec.drafters.BlockDrafter`), by name: a kind's folder and its registry line are all that name it."""
+    return {cls.__name__: cls for kind in _registered().values()
+            for cls in (kind.config_class, kind.model_class, kind.drafter_class)
+            if isinstance(cls, type) and cls.__module__.startswith("hf_specdec.kinds.")}
+
+
 def export_formats() -> dict[str, DrafterKind]:
     """Every export format, and the kind it exports."""
     return {fmt: kind for kind in _registered().values() for fmt in kind.exporters}
@@ -186,5 +194,5 @@ register_drafter_kind(DrafterKind("self", number="optional", description="the ta
 register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model", "export_formats",
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model", "kind_classes", "export_formats",
            "drafter_config", "resolved"]

@@ -12,18 +12,21 @@ from .plain import PlainDrafter
 from .recycle import RecycleDrafter
 from .suffix import SuffixDrafter, SuffixIndex
 
-#: the drafters that live with their kind (self-speculation is a draft model of the target's own first layers), loaded
-#: on first use (the kinds import this package's base)
-_LAZY = {"DraftModelDrafter": "hf_specdec.kinds.draft_model.drafter", "EagleDrafter": "hf_specdec.kinds.eagle.drafter",
-         "Eagle3Drafter": "hf_specdec.kinds.eagle3.drafter", "BlockDrafter": "hf_specdec.kinds.block.drafter",
-         "MedusaDrafter": "hf_specdec.kinds.medusa.drafter",
-         "SelfSpeculativeDrafter": "hf_specdec.kinds.draft_model.self_speculative"}
+#: self-speculation is a draft model of the target's own first layers: it lives with the draft models
+_LAZY = {"SelfSpeculativeDrafter": "hf_specdec.kinds.draft_model.self_speculative"}
 
 
 def __getattr__(name: str):
-    if name not in _LAZY:
+    """The drafters that live with their kind (`hf_specdec/kinds/<kind>/drafter.py`), by the registry, on first use
+    (the kinds import this package's base)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    from ..registry import kind_classes
+
+    drafter = kind_classes().get(name)
+    if not (isinstance(drafter, type) and issubclass(drafter, Drafter)):
         raise AttributeError(f"module 'hf_specdec.drafters' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    return drafter
 
 
 __all__ = [
