@@ -129,8 +129,8 @@ def kind_of_model(model) -> DrafterKind | None:
 
 
 def kind_classes() -> dict[str, type]:
-    """The config, model and drafter classes of the kinds hf_specdec defines (its public `hf_specdec.MedusaHeads`,
-    `hf_specdec.drafters.BlockDrafter`), by name: a kind's folder and its registry line are all that name it."""
+    """The config, model and drafter classes of the kinds hf_specdec defines (its public `hf_specdec.<Model>`,
+    `hf_specdec.drafters.<Drafter>`), by name: a kind's folder and its registry line are all that name it."""
     return {cls.__name__: cls for kind in _registered().values()
             for cls in (kind.config_class, kind.model_class, kind.drafter_class)
             if isinstance(cls, type) and cls.__module__.startswith("hf_specdec.kinds.")}
