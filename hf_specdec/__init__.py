@@ -1,8 +1,9 @@
 """hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`.
 
-The names below, and each drafter kind's config, model and drafter classes (named by the registry: `hf_specdec.<ClassName>`), load on first use (as transformers' own do), so that `import hf_specdec` and the `hf-specdec` command's
-argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()` registers the
-drafter kinds with transformers' Auto classes.
+The names below, and each drafter kind's config, model and drafter classes (named by the registry:
+`hf_specdec.<ClassName>`), load on first use (as transformers' own do), so that `import hf_specdec` and the
+`hf-specdec` command's argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()`
+registers the drafter kinds with transformers' Auto classes.
 """
 
 from __future__ import annotations
