@@ -489,6 +489,35 @@ def test_a_dflash_drafter_trains_in_transformers_layout_and_fine_tunes(world, tm
     assert hf_specdec.AutoDrafter.from_pretrained(tuned, target=target).config.block_size == 4
 
 
+def test_a_gemma4_assistant_fine_tunes_on_its_targets_answers_and_stays_in_transformers_layout(world, tmp_path):
+    pytest.importorskip("transformers.models.gemma4_assistant")
+    from transformers import AutoTokenizer
+    from transformers.models.gemma4_assistant import Gemma4AssistantForCausalLM
+
+    from tests.transformers_drafters import tiny_gemma4_with_assistant
+
+    target, assistant = tiny_gemma4_with_assistant(vocab=96, noise=0.3)
+    target.save_pretrained(tmp_path / "gemma4")
+    AutoTokenizer.from_pretrained(world["target"]).save_pretrained(tmp_path / "gemma4")
+    assistant.save_pretrained(tmp_path / "assistant")
+    out = tmp_path / "tuned"
+    summary = run_in_process(cli(world, out, target=tmp_path / "gemma4", drafter=tmp_path / "assistant", max_steps=20,
+                                 eval_every=20, save_every=0, learning_rate=3e-3, draft_vocab_size=0,
+                                 data_cache_dir=tmp_path / "cache"))
+    log = [r for r in read_log(out) if r["event"] == "train"]
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert_evaluated_speculatively(summary["best"])
+    tuned = Gemma4AssistantForCausalLM.from_pretrained(out).eval()  # transformers' own class, from the folder
+    assert not torch.equal(tuned.pre_projection.weight, assistant.pre_projection.weight)
+    for seed in range(3):
+        prompt = torch.randint(6, 96, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        assert torch.equal(target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=tuned), plain)
+    decode_like_plain(target, tuned, 3)
+    with pytest.raises(InputError, match="existing Gemma 4 assistant"):
+        run_in_process(cli(world, tmp_path / "new", target=tmp_path / "gemma4", drafter="gemma4-assistant"))
+
+
 def test_a_larger_set_reuses_the_parts_a_smaller_one_made(world, tmp_path):
     """--num-score 20 after --num-score 12 (parts of 8) scores only what is new: part 0 is reused, the smaller run's
     short last part is made again, and the result equals a fresh 20-text preparation."""

@@ -74,6 +74,7 @@ else:
                                       (Gemma4UnifiedAssistantConfig, Gemma4UnifiedAssistantForCausalLM)):
         register_drafter_kind(DrafterKind(
             config_class.model_type.replace("_", "-"), config_class, model_class, Gemma4AssistantDrafter,
+            training=f"{__name__}.gemma4_assistant.training:Gemma4AssistantTraining",
             description="a Gemma 4 assistant: drafts from its Gemma 4 target's final state and stored K/V"))
 
 
