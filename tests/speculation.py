@@ -152,6 +152,39 @@ def check_greedy_identical(target, drafter, prompts, max_new_tokens: int = 12) -
     assert_speculated(stats)
 
 
+def check_greedy_through_enable(target, assistant, prompts, depth: int = 2, max_new_tokens: int = 24) -> None:
+    """The other way in: `hf_specdec.enable(target)`, then `generate(assistant=...)`: plain greedy's output on each
+    prompt (constant length), drafts accepted `depth` deep."""
+    import hf_specdec
+
+    stats = hf_specdec.SpeculationStats()
+    hf_specdec.enable(target)
+    try:
+        for prompt in prompts:
+            out = target.generate(prompt, assistant=assistant, max_new_tokens=max_new_tokens, do_sample=False,
+                                  speculation_stats=stats, draft_length="constant")
+            assert torch.equal(out, target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False))
+    finally:
+        hf_specdec.disable(target)
+    assert_speculated(stats, depth=depth)
+
+
+def forwards_beside_transformers(target, prompts, theirs: dict, ours: dict, max_new_tokens: int = 24) -> dict:
+    """The target forwards of transformers' own path (`theirs`: its generate() keywords) and of hf_specdec's loop
+    (`ours`: speculative_generate's), over `prompts`, each prompt giving both the same tokens."""
+    from hf_specdec import speculative_generate
+    from hf_specdec.diagnostics import count_forwards
+
+    counts = {"transformers": 0, "hf_specdec": 0}
+    for prompt in prompts:
+        outputs = {}
+        for name, kwargs in (("transformers", theirs), ("hf_specdec", {"custom_generate": speculative_generate, **ours})):
+            counts[name] += count_forwards(target, lambda: outputs.__setitem__(name, target.generate(
+                prompt, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)))
+        assert torch.equal(outputs["hf_specdec"], outputs["transformers"])
+    return counts
+
+
 def check_batches_with_an_early_eos(target, drafter, prompts, lengths, stats, batch_sizes=(2, 6)) -> None:
     """Left-padded batches of the first 2 and 6 prompts, whose last row meets its EOS after 5 tokens, decoded with
     each of `lengths` drafts a step (constant), are plain greedy's output."""
@@ -352,6 +385,6 @@ def lie_about_second_q(drafter):
     return drafter
 
 
-__all__ = ["assert_speculated", "ScriptedCosts", "assert_adapted", "PAD", "left_pad", "quiet_last_layer",
+__all__ = ["check_greedy_through_enable", "forwards_beside_transformers", "assert_speculated", "ScriptedCosts", "assert_adapted", "PAD", "left_pad", "quiet_last_layer",
            "agreeing_eagle", "fitted_heads", "fitted_eagle3", "fitted_block", "TargetOracleDrafter", "RecordingEagle",
            "lie_about_second_q"]

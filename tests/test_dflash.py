@@ -10,7 +10,6 @@ import torch
 pytest.importorskip("transformers.models.muse_glimmer_assistant", reason="this transformers release does not ship the drafter")
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import hf_specdec
 from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, speculative_generate
 from hf_specdec.errors import InputError
 from hf_specdec.kinds.dflash import DFlashDrafter
@@ -20,6 +19,8 @@ from tests.speculation import (
     PAD,
     assert_speculated,
     check_batches_with_an_early_eos,
+    check_greedy_through_enable,
+    forwards_beside_transformers,
     check_greedy_prompt_by_prompt,
     left_pad,
     lie_about_second_q,
@@ -45,35 +46,13 @@ def test_dflash_by_object_and_by_folder_is_plain_greedy(target, dflash, tmp_path
     assert isinstance(as_drafter(str(tmp_path), target), DFlashDrafter)
     assert isinstance(AutoDrafter.from_pretrained(tmp_path, target=target), type(dflash))
     check_greedy_prompt_by_prompt(target, dflash, PROMPTS, k=3, depth=3, adaptive_depth=2)
-    hf_specdec.enable(target)  # the other way in: generate(assistant=...) on an enabled model
-    try:
-        stats = SpeculationStats()
-        for prompt in PROMPTS[:3]:
-            out = target.generate(prompt, assistant=str(tmp_path), max_new_tokens=24, do_sample=False,
-                                  speculation_stats=stats, draft_length="constant")
-            assert torch.equal(out, target.generate(prompt, max_new_tokens=24, do_sample=False))
-        assert_speculated(stats, depth=2)
-    finally:
-        hf_specdec.disable(target)
+    check_greedy_through_enable(target, str(tmp_path), PROMPTS[:3])
 
 
 def test_dflash_drafts_what_transformers_dflash_path_drafts(target, dflash, one_thread):
     """At its block's length, the same tokens in as many target forwards as `speculation_type="dflash"`."""
-    forwards = [0]
-    hook = target.register_forward_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
-    counts = {"transformers": 0, "hf_specdec": 0}
-    try:
-        for prompt in PROMPTS:
-            forwards[0] = 0
-            theirs = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=dflash,
-                                     speculation_type="dflash")
-            counts["transformers"], forwards[0] = counts["transformers"] + forwards[0], 0
-            ours = target.generate(prompt, custom_generate=speculative_generate, assistant=dflash, num_draft_tokens=3,
-                                   draft_length="constant", max_new_tokens=24, do_sample=False)
-            counts["hf_specdec"] += forwards[0]
-            assert torch.equal(ours, theirs)
-    finally:
-        hook.remove()
+    counts = forwards_beside_transformers(target, PROMPTS, {"assistant_model": dflash, "speculation_type": "dflash"},
+                                          {"assistant": dflash, "num_draft_tokens": 3, "draft_length": "constant"})
     assert counts["hf_specdec"] == counts["transformers"] < len(PROMPTS) * 24, counts
 
 

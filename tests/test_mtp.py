@@ -10,13 +10,19 @@ MtpModel = getattr(pytest.importorskip("transformers.modeling_layers"), "MtpMode
 if MtpModel is None:
     pytest.skip("this transformers release does not ship MTP layers", allow_module_level=True)
 
-import hf_specdec
 from hf_specdec import SpeculationStats, as_drafter, speculative_generate
 from hf_specdec.errors import InputError
 from hf_specdec.kinds.mtp import MtpDrafter
 from tests.conftest import random_prompts, tiny_llama
 from tests.distribution import speculative_sample_pvalue
-from tests.speculation import assert_speculated, check_batches_with_an_early_eos, check_greedy_prompt_by_prompt, lie_about_second_q
+from tests.speculation import (
+    assert_speculated,
+    check_batches_with_an_early_eos,
+    check_greedy_prompt_by_prompt,
+    check_greedy_through_enable,
+    forwards_beside_transformers,
+    lie_about_second_q,
+)
 from tests.transformers_drafters import tiny_deepseek_with_mtp
 
 
@@ -30,35 +36,14 @@ def test_mtp_by_name_and_by_object_is_plain_greedy(deepseek, one_thread):
     assert isinstance(as_drafter(mtp), MtpDrafter) and isinstance(as_drafter("mtp", deepseek), MtpDrafter)
     prompts = random_prompts(6, vocab=32, seed=5)
     check_greedy_prompt_by_prompt(deepseek, mtp, prompts, k=3, depth=2)
-    hf_specdec.enable(deepseek)
-    try:
-        stats = SpeculationStats()
-        for prompt in prompts:
-            out = deepseek.generate(prompt, assistant="mtp", max_new_tokens=24, do_sample=False,
-                                    speculation_stats=stats, draft_length="constant")
-            assert torch.equal(out, deepseek.generate(prompt, max_new_tokens=24, do_sample=False))
-        assert_speculated(stats, depth=2)
-    finally:
-        hf_specdec.disable(deepseek)
+    check_greedy_through_enable(deepseek, "mtp", prompts)
 
 
 def test_mtp_drafts_what_transformers_use_mtp_drafts(deepseek, one_thread):
     """At one draft a step (what one MTP layer drafts in transformers), the same tokens in as many target forwards:
     the layer reads the same (token, state) pairs."""
-    forwards = [0]
-    hook = deepseek.register_forward_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
-    counts = {"transformers": 0, "hf_specdec": 0}
-    try:
-        for prompt in random_prompts(6, vocab=32, seed=5):
-            forwards[0] = 0
-            theirs = deepseek.generate(prompt, max_new_tokens=24, do_sample=False, use_mtp=True)
-            counts["transformers"], forwards[0] = counts["transformers"] + forwards[0], 0
-            ours = deepseek.generate(prompt, custom_generate=speculative_generate, assistant="mtp", num_draft_tokens=1,
-                                     draft_length="constant", max_new_tokens=24, do_sample=False)
-            counts["hf_specdec"] += forwards[0]
-            assert torch.equal(ours, theirs)
-    finally:
-        hook.remove()
+    counts = forwards_beside_transformers(deepseek, random_prompts(6, vocab=32, seed=5), {"use_mtp": True},
+                                          {"assistant": "mtp", "num_draft_tokens": 1, "draft_length": "constant"})
     assert counts["hf_specdec"] == counts["transformers"] < 6 * 24, counts
 
 

@@ -89,6 +89,7 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
     from hf_specdec.kinds.dflash.drafter import context_modules
+    from training.states import target_states
     from hf_specdec.kinds.dflash.training import DFlashOptions, block_hidden, new_config
 
     torch.manual_seed(seed)
@@ -103,13 +104,7 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
     with torch.no_grad():
         for prompt in prompts:
             seq = target.generate(prompt, **{"do_sample": False, "max_new_tokens": 40, **generate_kwargs})
-            captured = [None] * len(modules)
-            hooks = [m.register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
-                     for i, m in enumerate(modules)]
-            target(seq)
-            for hook in hooks:
-                hook.remove()
-            data.append((seq, torch.cat(captured, dim=-1)))
+            data.append((seq, target_states(target, seq, modules)))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     embedding, head = target.get_input_embeddings(), target.get_output_embeddings()
     for _ in range(steps):
