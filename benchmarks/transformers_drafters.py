@@ -59,57 +59,42 @@ def kinds(folder: str) -> dict:
     }
 
 
-def measure(name, target, assistant, theirs_kwargs, length, prompts, new_tokens, repeats) -> list[dict]:
+def measure(name, target, assistant, theirs_kwargs, length, prompts, new_tokens, repeats) -> dict:
+    """One kind's row: per method, tokens per target forward, ms per step and the speed-up against plain greedy."""
     common = dict(max_new_tokens=new_tokens, do_sample=False)
     ours = dict(custom_generate=speculative_generate, assistant=assistant)
-    methods = {
-        "plain greedy": lambda p: target.generate(p, **common),
-        "transformers' path": lambda p: target.generate(p, **common, **theirs_kwargs),
-        f"hf_specdec, k = {length}": lambda p: target.generate(p, **common, **ours, num_draft_tokens=length,
-                                                              draft_length="constant"),
-        "hf_specdec, adaptive": lambda p: target.generate(p, **common, **ours),
-    }
-    rows = []
-    expected = [methods["plain greedy"](p) for p in prompts]
-    for method, fn in methods.items():
-        assert all(torch.equal(fn(p), e) for p, e in zip(prompts, expected)), f"{name}: {method} changed the output"
-    forwards = {m: sum(count_forwards(target, lambda p=p, fn=fn: fn(p)) for p in prompts) for m, fn in methods.items()}
-    rounds = {m: [] for m in methods}
-    for _ in range(repeats):  # interleaved: each round times every method on every prompt
-        for m, fn in methods.items():
-            start = time.perf_counter()
-            for p in prompts:
-                fn(p)
-            rounds[m].append(time.perf_counter() - start)
-    tokens = new_tokens * len(prompts)
-    plain = statistics.median(rounds["plain greedy"])
-    for m in methods:
-        seconds = statistics.median(rounds[m])
-        rows.append({"kind": name, "method": m, "batch": 1, "tokens_per_target_forward": tokens / forwards[m],
-                     "ms_per_step": 1000 * seconds / forwards[m], "tokens_per_second": tokens / seconds,
-                     "speedup_vs_plain": plain / seconds, "identical": True})
     ids, mask = left_pad(prompts)
     batch = dict(attention_mask=mask, pad_token_id=PAD, **common)
-    expected = target.generate(ids, **batch)
-    out = target.generate(ids, **batch, **ours, num_draft_tokens=length, draft_length="constant")
-    assert torch.equal(out, expected), f"{name}: the batch changed the output"
-    stats = SpeculationStats()  # per row: a sliding-window target's batch decodes row by row
-    steps = count_forwards(target, lambda: target.generate(ids, **batch, **ours, num_draft_tokens=length,
-                                                           draft_length="constant", speculation_stats=stats))
-    times = {"plain": [], "ours": []}
-    for _ in range(repeats):
-        for key, fn in (("plain", lambda: target.generate(ids, **batch)),
-                        ("ours", lambda: target.generate(ids, **batch, **ours, num_draft_tokens=length,
-                                                         draft_length="constant"))):
+    one_by_one = {  # each over every prompt
+        "plain": lambda p: target.generate(p, **common),
+        "transformers": lambda p: target.generate(p, **common, **theirs_kwargs),
+        "same_k": lambda p: target.generate(p, **common, **ours, num_draft_tokens=length, draft_length="constant"),
+        "adaptive": lambda p: target.generate(p, **common, **ours),
+    }
+    runs = {key: (lambda fn=fn: [fn(p) for p in prompts]) for key, fn in one_by_one.items()}
+    runs["plain_batch"] = lambda: [target.generate(ids, **batch)]
+    runs["batch"] = lambda: [target.generate(ids, **batch, **ours, num_draft_tokens=length, draft_length="constant")]
+    outputs = {key: run() for key, run in runs.items()}
+    for key, out in outputs.items():  # every method gives plain greedy's tokens
+        assert all(torch.equal(a, b) for a, b in zip(out, outputs["plain_batch" if "batch" in key else "plain"])), (name, key)
+    forwards = {key: count_forwards(target, run) for key, run in runs.items()}
+    stats = SpeculationStats()  # the batch's tokens per forward per row (a sliding-window target decodes row by row)
+    target.generate(ids, **batch, **ours, num_draft_tokens=length, draft_length="constant", speculation_stats=stats)
+    seconds = {key: [] for key in runs}
+    for _ in range(repeats):  # interleaved: each round times every method
+        for key, run in runs.items():
             start = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - start)
-    seconds = statistics.median(times["ours"])
-    rows.append({"kind": name, "method": f"hf_specdec, k = {length}, one batch", "batch": len(prompts),
-                 "tokens_per_target_forward": stats.emitted_tokens / stats.target_forwards, "ms_per_step": 1000 * seconds / steps,
-                 "tokens_per_second": tokens / seconds, "speedup_vs_plain": statistics.median(times["plain"]) / seconds,
-                 "identical": True})
-    return rows
+            run()
+            seconds[key].append(time.perf_counter() - start)
+    median = {key: statistics.median(times) for key, times in seconds.items()}
+    tokens = new_tokens * len(prompts)
+    row = {"kind": name, "k": length, "plain_ms_per_step": 1000 * median["plain"] / forwards["plain"]}
+    for key in ("transformers", "same_k", "adaptive"):
+        row[key] = {"tokens_per_target_forward": tokens / forwards[key],
+                    "ms_per_step": 1000 * median[key] / forwards[key], "speedup_vs_plain": median["plain"] / median[key]}
+    row["batch"] = {"rows": len(prompts), "tokens_per_target_forward": stats.emitted_tokens / stats.target_forwards,
+                    "speedup_vs_plain_batch": median["plain_batch"] / median["batch"]}
+    return row
 
 
 def main() -> None:
@@ -120,15 +105,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for name, spec in kinds(folder).items():
-            rows += measure(name, *spec, args.new_tokens, args.repeats)
-    print("| kind | method | batch | tokens / target forward | ms / step | tokens/s | vs plain |")
-    print("|---|---|---|---|---|---|---|")
+        rows = [measure(name, *spec, args.new_tokens, args.repeats) for name, spec in kinds(folder).items()]
+    print("| kind (k = transformers' length) | plain: ms/step | transformers: tokens/forward, ms/step | hf_specdec, "
+          "same k | hf_specdec, adaptive: vs plain | hf_specdec, batch of 6: tokens/forward, vs plain |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['kind']} | {r['method']} | {r['batch']} | {r['tokens_per_target_forward']:.2f} | "
-              f"{r['ms_per_step']:.2f} | {r['tokens_per_second']:.0f} | {r['speedup_vs_plain']:.2f}x |")
+        theirs, same = r["transformers"], r["same_k"]
+        print(f"| {r['kind']} (k = {r['k']}) | {r['plain_ms_per_step']:.2f} | {theirs['tokens_per_target_forward']:.2f}, "
+              f"{theirs['ms_per_step']:.2f} | {same['tokens_per_target_forward']:.2f}, {same['ms_per_step']:.2f} | "
+              f"{r['adaptive']['speedup_vs_plain']:.2f}x | {r['batch']['tokens_per_target_forward']:.2f}, "
+              f"{r['batch']['speedup_vs_plain_batch']:.2f}x |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2))

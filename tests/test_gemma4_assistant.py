@@ -14,13 +14,8 @@ from hf_specdec.errors import InputError
 from hf_specdec.kinds.gemma4_assistant import Gemma4AssistantDrafter
 from tests.conftest import random_prompts, tiny_llama
 from tests.distribution import speculative_sample_pvalue
-from tests.speculation import (
-    assert_speculated,
-    check_batches_with_an_early_eos,
-    check_greedy_prompt_by_prompt,
-    check_greedy_through_enable,
-    forwards_beside_transformers,
-)
+from tests.speculation import assert_speculated, check_batches_with_an_early_eos, check_greedy_prompt_by_prompt
+from tests.speculation import check_greedy_through_enable, forwards_beside_transformers
 from tests.transformers_drafters import tiny_gemma4_with_assistant
 
 PROMPTS = random_prompts(6, vocab=16, seed=5)

@@ -22,6 +22,7 @@ class TargetFeatures:
         columns = self.columns
         width = columns.stop - columns.start if isinstance(columns, slice) else len(columns)
         self.features = [torch.zeros(0, width, device=target.device) for _ in range(batch_size)]
+        self.fed = [0] * batch_size  # per row: the positions the drafter has fed into its own cache (it counts them)
 
     def ready(self, seqs) -> bool:
         """Every row has the features of all its tokens but the newest (False before the first target forward)."""
@@ -36,6 +37,7 @@ class TargetFeatures:
 
     def select(self, rows: list[int]) -> None:
         self.features = [self.features[b] for b in rows]
+        self.fed = [self.fed[b] for b in rows]
 
 
 def request(target, modules) -> slice | torch.Tensor:

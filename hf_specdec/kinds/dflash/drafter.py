@@ -87,7 +87,6 @@ class DFlashDrafter(PositionwiseDrafter):
         # full-length layers, sliding-window ones too (the window is in their masks): a row's holes are then the same
         # slots in every layer (the target's cache holds as much)
         self.kv = RaggedKV(self.model, DFlashCache(), seqs.size)
-        self.fed = [0] * seqs.size  # per row: verified tokens whose states are in the drafter's cache
         self.masks = torch.full((1, self.block_size - 1), self.model.config.mask_token_id, device=target.device)
 
     def accepted(self, seqs, verified):
@@ -96,18 +95,17 @@ class DFlashDrafter(PositionwiseDrafter):
     def select_rows(self, rows):
         self.kv.select_rows(rows)
         self.target_features.select(rows)
-        self.fed = [self.fed[b] for b in rows]
 
     def position_logits(self, seqs, k):
         if not self.target_features.ready(seqs):
             return None  # the first step: the target has not run yet
         batch, kv, device = seqs.size, self.kv, self.kv.device
-        context, newest = [], []
+        context, newest, fed = [], [], self.target_features.fed  # fed: verified tokens whose states are cached
         for b in range(batch):
             row = seqs.ids(b)
-            context.append(self.target_features.features[b][self.fed[b] : len(row) - 1])
+            context.append(self.target_features.features[b][fed[b] : len(row) - 1])
             newest.append(row[-1])
-            self.fed[b] = len(row) - 1
+            fed[b] = len(row) - 1
         counts = [len(c) for c in context]
         width = max(counts)
         if kv.slot_mask is None and min(counts) == width:  # no holes, none made: the positions are one range

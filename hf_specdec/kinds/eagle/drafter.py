@@ -44,7 +44,6 @@ class EagleDrafter(Drafter):
         self.model.bind_target(target.model)
         self.target_features = TargetFeatures(target, self.feature_modules(target.model), seqs.size)
         self.kv = RaggedKV(self.model, DynamicCache(config=self.model.config), seqs.size)
-        self.fed = [0] * seqs.size  # per row: real tokens whose (token, target feature) pair is in the cache
 
     def feature_modules(self, target) -> list:
         """The target modules whose outputs the drafter reads: the final norm's (the LM head's input)."""
@@ -64,18 +63,17 @@ class EagleDrafter(Drafter):
     def select_rows(self, rows):
         self.kv.select_rows(rows)
         self.target_features.select(rows)
-        self.fed = [self.fed[b] for b in rows]
 
     def catch_up(self, seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
         """Each row's tokens not yet in the drafter's cache, right-padded [B, m], with the drafter's input features for
         them (position j reads the target's f_{j-1}), their host validity mask and counts; marks them fed."""
-        todo, feats = [], []
+        todo, feats, fed = [], [], self.target_features.fed  # fed: real tokens whose (token, feature) pair is cached
         for b in range(seqs.size):
             row, features = seqs.ids(b), self.features[b]
             shifted = torch.cat([features.new_zeros(1, features.shape[-1]), features])  # position j reads f_{j-1}
-            todo.append(row[self.fed[b] :])
-            feats.append(shifted[self.fed[b] : len(row)])
-            self.fed[b] = len(row)
+            todo.append(row[fed[b] :])
+            feats.append(shifted[fed[b] : len(row)])
+            fed[b] = len(row)
         counts = [len(t) for t in todo]
         block = torch.nn.utils.rnn.pad_sequence(todo, batch_first=True)
         feat_block = self.input_features(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True))

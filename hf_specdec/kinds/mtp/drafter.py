@@ -99,4 +99,4 @@ class MtpDrafter(EagleDrafter):
     def start(self, target, seqs, settings):
         super().start(target, seqs, settings)
         # position 0 has no state before it: the layer's first pair is (t_1, h_0), as transformers feeds it
-        self.fed = [1] * seqs.size
+        self.target_features.fed = [1] * seqs.size
