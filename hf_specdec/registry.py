@@ -39,6 +39,8 @@ class DrafterKind:
     tag: str | None = None  # its Hub tag, when not its name
     build: Callable | str | None = None  # a name's drafter: build(target, number or None) -> Drafter, or "module:name"
     number: str = ""  # what may follow ':' in its name: "" nothing, "optional" or "required" (an integer >= 1)
+    by_class: bool = False  # its models have no config of their own (transformers' MTP layers are built from the
+    #   target's): a model is of this kind by its class, a config never is
 
     @property
     def hub_tag(self) -> str:
@@ -60,8 +62,8 @@ class DrafterKind:
     def accepts(self, config) -> bool:
         if self.model_class is None:
             return False
-        if self.config_class is None and self.matches is not None:
-            return bool(self.matches(config))
+        if self.by_class:
+            return False
         if self.config_class is None:
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -116,8 +118,7 @@ def kind_of_model(model) -> DrafterKind | None:
     target's config) by its class, any other by its config; a model that generates with an LM head whose config no
     kind claims (a multimodal model's text part) is a causal LM; None: no drafter."""
     kinds = _registered()
-    by_class = next((kind for kind in kinds.values() if kind.config_class is None and kind.matches is not None
-                     and isinstance(model, kind.model_class)), None)
+    by_class = next((kind for kind in kinds.values() if kind.by_class and isinstance(model, kind.model_class)), None)
     if by_class is not None:
         return by_class
     kind = kind_of(model.config)
@@ -194,5 +195,5 @@ register_drafter_kind(DrafterKind("self", number="optional", description="the ta
 register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model", "kind_classes", "export_formats",
-           "drafter_config", "resolved"]
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model",
+           "kind_classes", "export_formats", "drafter_config", "resolved"]

@@ -90,7 +90,8 @@ class RaggedKV:
         self.num_slots = 0
         self.slot_mask: torch.Tensor | None = None  # [B, slots] on the device, 1 = real; None while there are no holes
         self.fast = fast_cpu_verify and self.device.type == "cpu"
-        self.keep_logits = hasattr(model, "_supports_logits_to_keep") and model._supports_logits_to_keep()  # (a base model has no logits)
+        # (a base model, DFlash's, has no logits to keep)
+        self.keep_logits = hasattr(model, "_supports_logits_to_keep") and model._supports_logits_to_keep()
         self.capture = None  # a HiddenCapture a feature drafter asked for (see `cache/hidden.py`)
         self.shares_kv = bool(getattr(model.config.get_text_config(), "num_kv_shared_layers", 0))
         self.last_output = None

@@ -47,8 +47,7 @@ except ImportError:
     pass
 else:
     register_drafter_kind(DrafterKind(
-        "mtp", None, MtpModel, MtpDrafter, matches=lambda config: False,  # the target's own layers: by name or object
-        build=MtpDrafter.for_target,
+        "mtp", None, MtpModel, MtpDrafter, by_class=True, build=MtpDrafter.for_target,
         description="the target's own multi-token-prediction layers (DeepSeek-V3, GLM-4-MoE, ...: transformers' use_mtp=True)"))
 try:
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
