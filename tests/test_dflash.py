@@ -109,3 +109,15 @@ def test_a_dflash_drafter_for_another_target_is_refused_before_any_work(dflash, 
     shallow = tiny_llama(vocab=16, seed=0, layers=1)
     with pytest.raises(InputError, match="layers"):
         shallow.generate(PROMPTS[0], custom_generate=speculative_generate, assistant=dflash, max_new_tokens=4)
+
+
+def test_dflash_reads_a_normed_embeddings_lookup_without_touching_the_module():
+    """DFlash feeds the embeddings before a target's embedding norm, as transformers does, but without swapping the
+    norm out of the shared module (a concurrent call on another thread would see it gone)."""
+    normed = pytest.importorskip("transformers.models.inkling.modeling_inkling").InklingNormedEmbedding(10, 8, 0, 1e-6)
+    from hf_specdec.kinds.dflash.drafter import embedded
+
+    ids = torch.tensor([[1, 2, 3]])
+    norm = normed.embed_norm
+    assert torch.equal(embedded(normed, ids), torch.nn.functional.embedding(ids, normed.weight, padding_idx=0))
+    assert normed.embed_norm is norm and not torch.equal(normed(ids), embedded(normed, ids))

@@ -41,15 +41,11 @@ def context_modules(target, layer_ids) -> list[nn.Module]:
 
 def embedded(embedding: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """The target's token embeddings without the norm some embeddings apply after the lookup (DFlash is trained on the
-    embeddings before it, as transformers feeds them)."""
-    norm = getattr(embedding, "embed_norm", None)
-    if norm is None:
+    embeddings before it, as transformers feeds them). Those embeddings are an `nn.Embedding` whose forward norms its
+    lookup: the lookup alone is `nn.Embedding.forward` (the module is not touched: calls on other threads share it)."""
+    if getattr(embedding, "embed_norm", None) is None:
         return embedding(ids)
-    embedding.embed_norm = nn.Identity()
-    try:
-        return embedding(ids)
-    finally:
-        embedding.embed_norm = norm
+    return nn.Embedding.forward(embedding, ids)
 
 
 class DFlashDrafter(PositionwiseDrafter):
