@@ -134,7 +134,7 @@ def drafter_for(name: str, target, noisy):
                 target.config, num_hidden_layers=1, target_feature_input=True)).eval()
         if name == "eagle3":
             return Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0)).eval().bind_target(target)
-        config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=0, layer_ids=[1, 1, layers], block_size=3)
+        config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=0, target_layer_ids=[1, 1, layers], block_size=3)
         return BlockDrafterModel(config).eval().bind_target(target)
     if name == "candidate generator":
         return PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=2)

@@ -1,6 +1,6 @@
 """hf_specdec: exact speculative decoding for Hugging Face transformers' `model.generate()`.
 
-The names below, and each drafter kind's config, model and drafter classes (named by the registry:
+The names below, and each drafter kind's options, config, model and drafter classes (named by the registry:
 `hf_specdec.<ClassName>`), load on first use (as transformers' own do), so that `import hf_specdec` and the
 `hf-specdec` command's argument errors cost no torch import. Using a drafter class, `AutoDrafter` or `enable()`
 registers the drafter kinds with transformers' Auto classes.
@@ -32,6 +32,8 @@ _EXPORTS = {
     "AutoDrafter": ".auto_drafter",
     "DrafterKind": ".registry",
     "register_drafter_kind": ".registry",
+    "KindOptions": ".kind_options",
+    "option": ".kind_options",
 }
 
 

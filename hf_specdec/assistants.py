@@ -20,12 +20,12 @@ from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .auto_drafter import AutoDrafter
+from .errors import InputError
 from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
 from .drafters.fallback import FallbackDrafter
 from .drafters.per_row import PerRowDrafter
-from .drafters.positionwise import PositionwiseDrafter
 from .names import Name, Part, UnknownDrafterError, known_names, parse
-from .registry import kind_of_model
+from .registry import drafter_kinds, kind_of_model
 
 
 def accepted_assistants() -> str:
@@ -119,17 +119,17 @@ def _built(name: Name, target) -> Drafter:
 
 def _built_part(part: Part, target) -> Drafter:
     if part.kind is not None:
-        return part.kind.builder()(target, part.number)
+        return part.kind.builder()(target, part.options)
     model = AutoDrafter.from_pretrained(part.source, target=target)
-    if not part.variant:
-        return _model_drafter(model)
-    drafter_class = kind_of_model(model).drafter_class
-    if not issubclass(drafter_class, PositionwiseDrafter):
-        raise UnknownDrafterError(f"{part.source}:{part.variant}: only drafters that draft trees (Medusa heads, block "
-                                  f"drafters) take a suffix (':chain', ':tree' or ':N', an N-node tree). Known names: "
-                                  f"{known_names()}.")
-    variant = part.variant
-    return drafter_class(model, tree=int(variant) if variant.isdigit() else "chain" if variant == "chain" else "default")
+    kind = kind_of_model(model)
+    try:  # what follows ':' is its kind's to read (`kind_options.py`)
+        options = kind.options.from_argument(part.argument)
+    except InputError as error:
+        takers = [k.name for k in drafter_kinds() if k.model_class is not None and k.options.argument() is not None]
+        raise UnknownDrafterError(f"{part.source}:{part.argument}: a {kind.name} drafter {error} (the drafters that "
+                                  f"take ':chain', ':tree' or ':N' draft trees: {', '.join(takers)}). Known names: "
+                                  f"{known_names()}.") from None
+    return kind.drafter_for(model, options)
 
 
 def _adapted(assistant) -> Drafter:

@@ -24,17 +24,13 @@ from pathlib import Path
 
 from .default_model import is_default_target, is_hub_id
 from .errors import InputError
-from .registry import DrafterKind, named_kinds
+from .kind_options import KindOptions
+from .registry import DrafterKind, drafter_kinds, named_kinds
 from .shipped import shipped_drafter_names
 
 
 class UnknownDrafterError(InputError):
     """A drafter name that is none of the known ones, no folder, and no Hub repo that could be read."""
-
-
-#: what may follow a loaded drafter's name, for drafters that draft trees (Medusa heads, block drafters): their top-1
-#: chain, the default tree, or (':N') an N-node tree
-TREE_SHAPES = ("chain", "tree")
 
 
 @dataclass(frozen=True)
@@ -43,9 +39,9 @@ class Part:
     id)."""
 
     kind: DrafterKind | None = None
-    number: int | None = None  # a kind's ':N'
+    options: KindOptions | None = None  # a kind's options, as its ':arg' set them
     source: str | None = None  # a shipped drafter's name, a folder or a Hub id
-    variant: str = ""  # a loaded drafter's ':chain', ':tree' or ':N' (drafters that draft trees)
+    argument: str = ""  # a loaded drafter's ':arg', which its kind's options read once it is loaded ('chain', 'N')
 
 
 def known_names() -> str:
@@ -94,16 +90,24 @@ def _parse_one(piece: str) -> Part:
     if kind is None and name not in shipped_drafter_names() and Path(piece).exists():
         return Part(source=piece)
     if kind is not None:
-        if not colon and kind.number != "required":
-            return Part(kind)
-        if colon and kind.number and argument.isdigit() and int(argument) >= 1:
-            return Part(kind, int(argument))
-        raise UnknownDrafterError(f"Unknown drafter {piece!r}: {kind.usage} is {kind.description}. "
-                                  f"Known: {known_names()}.")
+        try:
+            return Part(kind, kind.options.from_argument(argument if colon else ""))
+        except InputError:
+            raise UnknownDrafterError(f"Unknown drafter {piece!r}: {kind.usage} is {kind.description}. "
+                                      f"Known: {known_names()}.") from None
     loadable = name in shipped_drafter_names() or Path(name).exists() or is_hub_id(name)
-    if loadable and (not colon or argument in TREE_SHAPES or (argument.isdigit() and int(argument) >= 1)):
-        return Part(source=name, variant=argument)
+    # (which kind a loaded drafter is shows once it loads: here, an argument no kind's options take is refused)
+    if loadable and (not colon or any(_takes(kind.options, argument) for kind in drafter_kinds() if kind.model_class)):
+        return Part(source=name, argument=argument)
     raise UnknownDrafterError(f"Unknown drafter {piece!r}. Known: {known_names()}.")
+
+
+def _takes(options_class, argument: str) -> bool:
+    try:
+        options_class.from_argument(argument)
+        return True
+    except InputError:
+        return False
 
 
 def check(spec: str) -> None:
@@ -111,5 +115,5 @@ def check(spec: str) -> None:
     parse(spec)
 
 
-__all__ = ["TREE_SHAPES", "Part", "Name", "parse", "check", "known_names", "default_name",
+__all__ = ["Part", "Name", "parse", "check", "known_names", "default_name",
            "UnknownDrafterError"]

@@ -6,16 +6,19 @@ or `"self:12"`), or loads a drafter model (`config_class` / `model_class` / `dra
 folder each under `hf_specdec/kinds/`, registered in `kinds/__init__.py`), or both. Adding a kind is its code plus one
 line, from any package (as peft's `register_peft_method`):
 
-    register_drafter_kind(DrafterKind("my-kind", MyConfig, MyModel, MyDrafter, exporters={"vllm-x": export_x},
-                                      training="my_package.train:MyAdapter"))
+    register_drafter_kind(DrafterKind("my-kind", MyConfig, MyModel, MyDrafter, options=MyOptions,
+                                      exporters={"vllm-x": export_x}, training="my_package.train:MyAdapter"))
     register_drafter_kind(DrafterKind("my-lookup", build=MyLookup.for_target, description="..."))
+
+A kind's `options` (`kind_options.py`) is its one options class: the trainer's flags, a new drafter's config fields,
+its drafter's keywords and what follows ':' in its name ("medusa:chain", "self:12").
 
 Several kinds may share a config class (token-only and EAGLE-style drafters are both `SpecDrafterConfig`); `matches`
 then tells them apart. `build`, exporters and `training` are callables or the "module:attribute" that names one, so
 that what is not used is never imported: decoding (and the `custom_generate/` copy of it) never loads export or
 training code, and this module imports neither torch nor transformers, so that the command line checks a name before
 anything heavy loads. Exporters are `exporter(model, target, out_folder, dtype)`; `training` is the kind's training
-adapter (a subclass of `training.adapters.Adapter`: how to build, feed and score the kind, and its `Options`), which
+adapter (a subclass of `training.adapters.Adapter`: how to build, feed and score the kind), which
 `training/distill.py --drafter <kind name>` loads.
 """
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
+
+from .kind_options import KindOptions, option
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,8 @@ class DrafterKind:
     training: str | None = None  # "module:attribute" of its training adapter
     description: str = ""
     tag: str | None = None  # its Hub tag, when not its name
-    build: Callable | str | None = None  # a name's drafter: build(target, number or None) -> Drafter, or "module:name"
-    number: str = ""  # what may follow ':' in its name: "" nothing, "optional" or "required" (an integer >= 1)
+    build: Callable | str | None = None  # a name's drafter: build(target, options) -> Drafter, or "module:name"
+    options: type = KindOptions  # its options (kind_options.py): trainer flags, config fields, drafter keywords, ':arg'
     by_class: bool = False  # its models have no config of their own (transformers' MTP layers are built from the
     #   target's): a model is of this kind by its class, a config never is
 
@@ -49,15 +54,15 @@ class DrafterKind:
     @property
     def usage(self) -> str:
         """How its name is written (kinds built from a name)."""
-        return {"": f"'{self.name}'", "optional": f"'{self.name}' (or '{self.name}:N')",
-                "required": f"'{self.name}:N'"}[self.number]
+        return self.options.usage(self.name)
 
     def builder(self) -> Callable:
         return resolved(self.build)
 
-    def drafter_for(self, model):
-        """The Drafter that decodes with a model of this kind."""
-        return self.drafter_class(model)
+    def drafter_for(self, model, options=None):
+        """The Drafter that decodes with a model of this kind (with `options`' drafter keywords: default, a name's
+        ':arg', the trainer's flags)."""
+        return self.drafter_class(model, **(options or self.options()).drafter_keywords())
 
     def accepts(self, config) -> bool:
         if self.model_class is None:
@@ -130,10 +135,10 @@ def kind_of_model(model) -> DrafterKind | None:
 
 
 def kind_classes() -> dict[str, type]:
-    """The config, model and drafter classes of the kinds hf_specdec defines (its public `hf_specdec.<Model>`,
+    """The options, config, model and drafter classes of the kinds hf_specdec defines (its public `hf_specdec.<Model>`,
     `hf_specdec.drafters.<Drafter>`), by name: a kind's folder and its registry line are all that name it."""
     return {cls.__name__: cls for kind in _registered().values()
-            for cls in (kind.config_class, kind.model_class, kind.drafter_class)
+            for cls in (kind.options, kind.config_class, kind.model_class, kind.drafter_class)
             if isinstance(cls, type) and cls.__module__.startswith("hf_specdec.kinds.")}
 
 
@@ -190,10 +195,23 @@ register_drafter_kind(DrafterKind("recycle", build="hf_specdec.drafters.recycle:
                                   description="token recycling: the target's own top-k successors"))
 register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:PlainDrafter.for_target",
                                   description="no drafts: plain steps through hf_specdec's loop"))
-register_drafter_kind(DrafterKind("self", number="optional", description="the target's own first N layers (default: half)",
+
+
+@dataclass
+class SelfOptions(KindOptions):
+    num_layers: int | None = option(None, "the target's first N layers draft (default: half of them)", argument=True)
+
+
+@dataclass
+class LayersOptions(KindOptions):
+    num_layers: int | None = option(None, "the target's first N layers make the draft model", argument=True,
+                                    required=True)
+
+
+register_drafter_kind(DrafterKind("self", options=SelfOptions, description="the target's own first N layers (default: half)",
                                   build=f"{_DRAFT_MODELS}.self_speculative:SelfSpeculativeDrafter.for_target"))
-register_drafter_kind(DrafterKind("layers", number="required", description="an untrained draft model cut from the first N layers",
-                                  build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.from_early_layers"))
+register_drafter_kind(DrafterKind("layers", options=LayersOptions, description="an untrained draft model cut from the first N layers",
+                                  build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.for_target"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model",
            "kind_classes", "export_formats", "drafter_config", "resolved"]

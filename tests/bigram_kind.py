@@ -5,13 +5,14 @@ decodes it; tests/test_distill.py trains it). Importing it registers nothing: th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from hf_specdec.drafters import Draft, Drafter
+from hf_specdec.kind_options import KindOptions, option
 from hf_specdec.registry import DrafterKind
 from training.adapters import Adapter
 
@@ -60,15 +61,13 @@ def export_bigram_json(model, target, out, dtype):
 
 
 @dataclass
-class BigramOptions:
-    bigram_scale: float = field(default=1.0, metadata={"help": "the table's entries are logits times this"})
+class BigramOptions(KindOptions):
+    bigram_scale: float = option(1.0, "the table's entries are logits times this")
 
 
 class BigramTraining(Adapter):
     """How `python -m training.distill --drafter test-bigram` builds and scores it (the default loss: the target's
     top-K distribution at every teacher position, from the token there), with an option of its own."""
-
-    Options = BigramOptions
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         return BigramTable(BigramConfig(vocab_size=target.config.vocab_size))
@@ -78,4 +77,4 @@ class BigramTraining(Adapter):
 
 
 BIGRAM = DrafterKind("test-bigram", BigramConfig, BigramTable, BigramDrafter, exporters={"test-bigram-json": export_bigram_json},
-                     training="tests.bigram_kind:BigramTraining", description="a bigram table")
+                     options=BigramOptions, training="tests.bigram_kind:BigramTraining", description="a bigram table")

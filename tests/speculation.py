@@ -276,7 +276,7 @@ def fitted_eagle3(target, prompts, layer_ids=None, draft_vocab=None, ridge: floa
     ids it may propose (default: all)."""
     torch.manual_seed(seed)
     size = 0 if draft_vocab is None else len(draft_vocab)
-    config = Eagle3Config.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids, initializer_range=0.3)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=size, target_layer_ids=layer_ids, initializer_range=0.3)
     drafter = Eagle3DraftModel(config).eval()  # (a loud layer: what it drafts second differs from what it drafts first)
 
     def readings(seq, shifted):  # position j reads the state at j - 1 and predicts the token at j + 1
@@ -295,7 +295,7 @@ def fitted_block(target, prompts, block_size: int = 3, layer_ids=None, draft_voc
     positions after it): right often, wrong often, at every position of the block."""
     torch.manual_seed(seed)
     size = 0 if draft_vocab is None else len(draft_vocab)
-    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=size, layer_ids=layer_ids,
+    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=size, target_layer_ids=layer_ids,
                                             block_size=block_size, initializer_range=0.3)
     drafter = BlockDrafterModel(config).eval()
 

@@ -28,7 +28,7 @@ def test_training_layout_sees_what_decoding_sees(one_thread):
     """`forward_blocks` (every anchor's block in one forward, a 4-D mask) gives, at each anchor and its masks, the
     logits of a separate causal forward of the context up to the anchor followed by the block's masks."""
     target = tiny_llama(vocab=16, seed=0, layers=4)
-    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=0, layer_ids=[1, 2, 4], block_size=3,
+    config = BlockDrafterConfig.from_target(target.config, draft_vocab_size=0, target_layer_ids=[1, 2, 4], block_size=3,
                                             initializer_range=0.3)
     model = BlockDrafterModel(config).eval().bind_target(target)
     torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, registry, spec
 from hf_specdec.export import export_drafter, exporter
 from hf_specdec.cli import main as cli_main
 from hf_specdec.drafters import DraftModelDrafter
+from hf_specdec.errors import InputError
+from hf_specdec.kind_options import KindOptions, option
 from hf_specdec.names import UnknownDrafterError, known_names
 from hf_specdec.registry import DrafterKind, drafter_kinds, export_formats, kind_of, register_drafter_kind
 from tests.bigram_kind import BIGRAM, BigramConfig, BigramDrafter, BigramTable
@@ -67,12 +70,21 @@ def test_every_built_in_kind_is_registered_once_with_its_exporters():
         assert callable(exporter(kind.exporters[fmt])), fmt
 
 
-def twin(target, number):
+@dataclass
+class TwinOptions(KindOptions):
+    label: int | None = option(None, "what ':N' sets (recorded, to show it reaches the builder)", argument=True)
+
+
+BUILT_WITH = []
+
+
+def twin(target, options):
     """A kind built from its name alone: drafts with a copy of the target (so every draft is accepted)."""
+    BUILT_WITH.append(options.label)
     return DraftModelDrafter(copy.deepcopy(target))
 
 
-TWIN = DrafterKind("test-twin", build=twin, number="optional", description="a copy of the target, drafting")
+TWIN = DrafterKind("test-twin", build=twin, options=TwinOptions, description="a copy of the target, drafting")
 
 
 def test_a_kind_registered_from_outside_is_a_name_in_generate_combinations_and_the_bench(monkeypatch, tmp_path, capsys):
@@ -86,11 +98,15 @@ def test_a_kind_registered_from_outside_is_a_name_in_generate_combinations_and_t
     target = tiny_llama()
     prompt = random_prompts(1, seed=3)[0]
     stats = SpeculationStats()
+    BUILT_WITH.clear()
     for name in ("test-twin", "test-twin:2", "ngram+test-twin"):
         out = target.generate(prompt, custom_generate=speculative_generate, assistant=name, num_draft_tokens=3,
                               max_new_tokens=20, do_sample=False, speculation_stats=stats, draft_length="constant")
         assert torch.equal(out, target.generate(prompt, max_new_tokens=20, do_sample=False)), name
     assert_speculated(stats, depth=3, rejected=False)
+    assert BUILT_WITH == [None, 2, None]  # its options class read the name's ':N'
+    with pytest.raises(UnknownDrafterError, match="'test-twin' \\(or 'test-twin:N'\\)"):
+        as_drafter("test-twin:x")
     target.save_pretrained(tmp_path / "target")
     tiny_char_tokenizer().save_pretrained(tmp_path / "target")
     prompts = tmp_path / "prompts.jsonl"
@@ -99,3 +115,31 @@ def test_a_kind_registered_from_outside_is_a_name_in_generate_combinations_and_t
                      "--max-new-tokens", "12", "--num-draft-tokens", "3", "--json", str(tmp_path / "bench.json")]) == 0
     row = json.loads((tmp_path / "bench.json").read_text())["methods"][-1]
     assert row["identical_to_plain"] and row["mean_accepted_tokens"] > 3
+
+
+def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name_argument(tmp_path):
+    """Medusa's options: `--medusa-heads 3` makes a 3-head config, `--tree chain` (or the name's ':chain') makes a
+    chain drafter, ':5' a 5-node tree; a fine-tune refuses a flag that would change its folder's shape."""
+    from hf_specdec.kinds.medusa import MedusaConfig, MedusaHeads, MedusaOptions
+    from hf_specdec.drafters.positionwise import PositionChain
+    from training import adapters
+
+    medusa = next(kind for kind in drafter_kinds() if kind.name == "medusa")
+    assert medusa.options is MedusaOptions
+    options = adapters.parse_options(MedusaOptions, ["--medusa-heads", "3", "--tree", "chain"], "medusa")
+    assert options.config_fields() == {"num_heads": 3, "num_layers": 1}
+    target = tiny_llama()
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, **options.config_fields()))
+    assert len(heads.heads) == 3
+    assert isinstance(medusa.drafter_for(heads, options).shape, PositionChain)
+    assert medusa.drafter_for(heads).tree is not None  # the default: a tree
+    heads.config.head_accuracy = [[0.9, 0.05], [0.8, 0.1], [0.7, 0.2]]
+    heads.save_pretrained(tmp_path / "heads")
+    assert isinstance(as_drafter(f"{tmp_path / 'heads'}:chain", target=target).shape, PositionChain)
+    assert len(as_drafter(f"{tmp_path / 'heads'}:5", target=target).tree[1]) == 5
+    with pytest.raises(InputError, match="--tree must be 'chain', 'tree' or a node count N >= 1 \\(got 'bushy'\\)"):
+        adapters.parse_options(MedusaOptions, ["--tree", "bushy"], "medusa")
+    with pytest.raises(InputError, match=r"a fine-tune keeps the drafter's shape, so --medusa-heads cannot change it "
+                                         r"\(its config.json: num_heads=3\)"):
+        adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-heads", "2"])
+    assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-decay", "0.5"])[0].options.medusa_decay == 0.5

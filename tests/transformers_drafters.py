@@ -90,7 +90,8 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
 
     from hf_specdec.kinds.dflash.drafter import context_modules
     from training.states import target_states
-    from hf_specdec.kinds.dflash.training import DFlashOptions, block_hidden, new_config
+    from hf_specdec.kinds.dflash.options import DFlashOptions
+    from hf_specdec.kinds.dflash.training import block_hidden, new_config
 
     torch.manual_seed(seed)
     options = DFlashOptions(block_size=block_size, target_layers=target_layers, dflash_layers=layers)

@@ -2,10 +2,10 @@
 its own options.
 
 `distill.py` never names a kind. It asks `adapter_for(args.drafter, argv)` (a kind's name for a new drafter, or a folder
-holding one to continue from), which also parses the kind's own options (`Adapter.Options`, a dataclass: peft's
-pattern of one config per method), and then uses only this interface:
+holding one to continue from), which also parses the kind's own options (its registered `options` class,
+`hf_specdec/kind_options.py`: peft's pattern of one config per method), and then uses only this interface:
 
-    adapter.options                    the kind's options (a dataclass instance)
+    adapter.options                    the kind's options (the flags parsed; they also make a new drafter's config)
     adapter.reads_target_features      the batches must carry the target's hidden states (`batch["features"]`)
     adapter.build(args, target, ...)   a new drafter (or the folder's), on the target's device, bound to it
     adapter.logits(model, batch)       teacher-forced drafter logits at the teacher positions, and those positions' teacher ids
@@ -17,14 +17,14 @@ A batch (`data.collate`) holds `input_ids` [B, L] (right-padded), `positions` [B
 teacher targets), `tgt_ids`/`tgt_lps` [N, K] (the target's top-K ids and log-probs at those N positions, row-major),
 and for feature kinds `features` [B, L, H] (the modules' outputs `feature_modules` names, at every position).
 
-A new kind registers `training="my_package.train:MyTraining"` and subclasses `Adapter` there, with its `Options`.
+A new kind registers `training="my_package.train:MyTraining"` (and `options=MyOptions`) and subclasses `Adapter` there.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -56,17 +56,25 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
     if not config_file.is_file():
         raise InputError(f"--drafter {drafter!r} is neither a kind of drafter to train ({', '.join(['new'] + new_kinds)}) "
                          "nor a folder holding a drafter (config.json) to continue from.")
-    kind = kind_of(json.loads(config_file.read_text()))
+    config = json.loads(config_file.read_text())
+    kind = kind_of(config)
     if kind is None or not kind.training:
         raise InputError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
                          f"({', '.join(kinds)}).")
+    given = [(flag, attribute) for flag, attribute in kind.options.config_flags().items()
+             if any(a == flag or a.startswith(flag + "=") for a in argv or [])]
+    if given:  # a fine-tune keeps the drafter's shape: say so rather than train another shape than asked
+        raise InputError(f"--drafter {drafter}: a fine-tune keeps the drafter's shape, so "
+                         f"{', '.join(flag for flag, _ in given)} cannot change it (its config.json: "
+                         f"{', '.join(f'{a}={config.get(a)!r}' for _, a in given)}); drop them, or train a new "
+                         f"drafter with --drafter {kind.name}.")
     return load_adapter(kind, argv), drafter
 
 
 def load_adapter(kind: DrafterKind, argv: list[str] | None = None) -> "Adapter":
     module, _, attribute = kind.training.partition(":")
     adapter_class = getattr(importlib.import_module(module), attribute)
-    return adapter_class(kind, parse_options(adapter_class.Options, argv or [], kind.name))
+    return adapter_class(kind, parse_options(kind.options, argv or [], kind.name))
 
 
 def print_kind_help(argv: list[str]) -> dict:
@@ -75,27 +83,19 @@ def print_kind_help(argv: list[str]) -> dict:
 
     drafter = ArgumentParser(Args).parse_known_args([a for a in argv if a not in ("-h", "--help")])[0].drafter
     adapter, _ = adapter_for(drafter)
-    ArgumentParser([Args, adapter.Options], epilog=KIND_OPTIONS_HELP).print_help()
+    ArgumentParser([Args, adapter.kind.options.flags()], epilog=KIND_OPTIONS_HELP).print_help()
     return {}
 
 
 def parse_options(options_class, argv: list[str], kind: str):
     """The kind's options from `argv`; an argument neither common nor the kind's is an error naming both."""
-    parser = ArgumentParser(options_class)
-    options, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    parser = ArgumentParser(options_class.flags())
+    flags, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         names = ", ".join(f"--{f.name.replace('_', '-')}" for f in fields(options_class)) or "none"
         raise InputError(f"unrecognized arguments: {' '.join(unknown)} (the options of a {kind} drafter: {names}; see "
                          f"`python training/distill.py --drafter {kind} --help`)")
-    return options
-
-
-def check_ranges(options, positive=(), non_negative=()) -> None:
-    """An `InputError` naming every option out of its range (`Options.__post_init__`)."""
-    bad = [f"--{n.replace('_', '-')} must be >= 1 (got {getattr(options, n)})" for n in positive if getattr(options, n) < 1]
-    bad += [f"--{n.replace('_', '-')} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
-    if bad:
-        raise InputError("; ".join(bad) + ".")
+    return options_class(**asdict(flags))
 
 
 def unwrap_drafter(model):
@@ -113,13 +113,7 @@ def choose_draft_vocab(counts: torch.Tensor, size: int, always: list[int]) -> to
     return order[:size].sort().values
 
 
-@dataclass
-class NoOptions:
-    """A kind with no options of its own."""
-
-
 class Adapter:
-    Options = NoOptions
     reads_target_features = False
     #: whether the kind's new models draft over a reduced vocabulary (`set_draft_vocab`)
     reduced_vocabulary = False
@@ -127,7 +121,7 @@ class Adapter:
 
     def __init__(self, kind: DrafterKind, options=None):
         self.kind = kind
-        self.options = self.Options() if options is None else options
+        self.options = kind.options() if options is None else options
 
     def build(self, args, target, token_counts: torch.Tensor | None, eos: list[int], *, folder: str | None,
               target_name: str, target_folder: str):

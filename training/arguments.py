@@ -116,8 +116,8 @@ RESUMABLE_CHANGES = ("tf32", "compile", "time_budget", "max_steps", "eval_every"
 
 
 def parse_args(argv=None) -> tuple[Args, list[str]]:
-    """The common arguments, checked, and the strings they leave: the drafter kind's own options (its adapter's
-    `Options`, parsed once the kind is known) or mistakes, which that parse names."""
+    """The common arguments, checked, and the strings they leave: the drafter kind's own options (its registered
+    options class, parsed once the kind is known) or mistakes, which that parse names."""
     parser = ArgumentParser(Args, epilog=KIND_OPTIONS_HELP)
     args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     bad = [f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})" for name in POSITIVE if getattr(args, name) < 1]

@@ -63,7 +63,8 @@ def evaluate(accelerator, adapter: Adapter, model, target, tokenizer, heldout: T
         r = heldout.record(i)
         prompt = r["tokens"][None, : r["start"]].long().to(accelerator.device)
         target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
-                        custom_generate=hf_specdec.speculative_generate, assistant=inner, num_draft_tokens=k,
+                        custom_generate=hf_specdec.speculative_generate, num_draft_tokens=k,
+                        assistant=adapter.kind.drafter_for(inner, adapter.options),  # as its options say (`--tree`)
                         draft_length="constant",  # acceptance at every one of the k positions
                         speculation_stats=stats)
     inner.train(was_training)

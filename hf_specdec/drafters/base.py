@@ -209,9 +209,10 @@ class Drafter:
         return clone
 
     @classmethod
-    def for_target(cls, target, number: int | None = None) -> "Drafter":
-        """The drafter an assistant name builds (`names.py`: "ngram", "self:L", ...); `number` is the name's ':N'."""
-        return cls()
+    def for_target(cls, target, options=None) -> "Drafter":
+        """The drafter an assistant name builds (`names.py`: "ngram", "self:L", ...), with its kind's `options` (what
+        the name's ':arg' set) as keywords."""
+        return cls(**options.drafter_keywords()) if options is not None else cls()
 
     def start(self, target, seqs, settings: DraftSettings) -> None:
         """Called once per `generate()` call, before any target forward. Validate and reset per-call state here.

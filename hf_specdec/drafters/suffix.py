@@ -398,7 +398,7 @@ class SuffixDrafter(Drafter):
         self.drafted_after: list[int] = []  # ... and how many tokens the row held then
 
     @classmethod
-    def for_target(cls, target, number=None) -> "SuffixDrafter":
+    def for_target(cls, target, options=None) -> "SuffixDrafter":
         """The drafter of `assistant="suffix"`: every drafter of this target shares one index (kept with it)."""
         return cls(index=index_of(target))
 

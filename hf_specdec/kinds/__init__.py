@@ -1,7 +1,8 @@
 """The drafter kinds that load a model, one folder each, and their lines in the registry (`hf_specdec/registry.py`).
 
-A kind's folder, `kinds/<kind>/` (as peft keeps one per method), holds `model.py` (its config and model), `drafter.py`
-(how it decodes), `training.py` (its training adapter) and `export.py` (its serving-engine layout). Importing this
+A kind's folder, `kinds/<kind>/` (as peft keeps one per method), holds `options.py` (its options: trainer flags,
+config fields, drafter keywords, a name's ':arg'), `model.py` (its config and model), `drafter.py` (how it decodes),
+`training.py` (its training adapter) and `export.py` (its serving-engine layout). Importing this
 package registers them (and their configs with transformers' Auto classes); the registry imports it at its first
 lookup.
 """
@@ -11,29 +12,29 @@ from __future__ import annotations
 from transformers import AutoModelForCausalLM
 
 from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
-from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel
-from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM
-from .eagle import EagleDrafter
-from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter
-from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads
+from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel, BlockOptions
+from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM, TokenOptions
+from .eagle import EagleDrafter, EagleOptions
+from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter, Eagle3Options
+from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads, MedusaOptions
 
 # one line a kind: its folder holds the config, model, drafter, exporter and training adapter named here
 register_drafter_kind(DrafterKind(
-    "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter,
+    "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter, options=TokenOptions,
     matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": f"{__name__}.draft_model.export:export_vllm_draft"},
     training=f"{__name__}.draft_model.training:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
 register_drafter_kind(DrafterKind(
-    "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter,
+    "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter, options=EagleOptions,
     matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": f"{__name__}.eagle.export:export_vllm_eagle"},
     training=f"{__name__}.eagle.training:EagleTraining", description="an EAGLE-style drafter reading the target's hidden states"))
 register_drafter_kind(DrafterKind(
-    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, exporters={"vllm-eagle3": f"{__name__}.eagle3.export:export_vllm_eagle3"},
+    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, options=Eagle3Options, exporters={"vllm-eagle3": f"{__name__}.eagle3.export:export_vllm_eagle3"},
     training=f"{__name__}.eagle3.training:Eagle3Training", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
 register_drafter_kind(DrafterKind(
-    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, exporters={"vllm-medusa": f"{__name__}.medusa.export:export_vllm_medusa"},
+    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, options=MedusaOptions, exporters={"vllm-medusa": f"{__name__}.medusa.export:export_vllm_medusa"},
     training=f"{__name__}.medusa.training:MedusaTraining", description="Medusa heads on the target's final hidden state"))
 register_drafter_kind(DrafterKind(
-    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, training=f"{__name__}.block.training:BlockTraining",
+    "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, options=BlockOptions, training=f"{__name__}.block.training:BlockTraining",
     description="a block drafter: one forward proposes several tokens, reading the target's fused layer states"))
 register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",
@@ -52,12 +53,12 @@ else:
 try:
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
-    from .dflash import DFlashDrafter
+    from .dflash import DFlashDrafter, DFlashOptions
 except ImportError:
     pass
 else:
     register_drafter_kind(DrafterKind(
-        "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter,
+        "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter, options=DFlashOptions,
         training=f"{__name__}.dflash.training:DFlashTraining",
         description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
                     "(transformers' speculation_type='dflash')"))

@@ -3,26 +3,13 @@ positions trained on the tokens they propose in decoding (one forward, a 4-D mas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from training.adapters import check_ranges, unwrap_drafter
+from training.adapters import unwrap_drafter
 from training.losses import distill_loss
 
-from ..eagle3.training import LayerOptions, Eagle3Training, shifted_fused
+from ..eagle3.training import Eagle3Training, shifted_fused
 from .model import BlockDrafterConfig
-
-
-@dataclass
-class BlockOptions(LayerOptions):
-    block_size: int = field(default=5, metadata={"help": "tokens one drafter forward proposes (the newest token's position, then block_size - 1 mask positions)"})
-    block_anchors: int = field(default=32, metadata={"help": "positions per sequence per step after which a block of mask positions is trained"})
-    position_decay: float = field(default=0.8, metadata={"help": "loss weight of block position r is decay**r"})
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_ranges(self, positive=("block_size", "block_anchors"))
 
 
 class BlockTraining(Eagle3Training):
@@ -31,13 +18,10 @@ class BlockTraining(Eagle3Training):
     mask positions, each trained on the token it proposes in decoding (`BlockDrafterModel.block_inputs`: one forward,
     a 4-D mask). Position r of the block weighs decay**r (`--position-decay`)."""
 
-    Options = BlockOptions
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = BlockDrafterConfig.from_target(
-            target.config, draft_vocab_size=draft_vocab, layer_ids=self.layer_ids(target.config, None),
-            intermediate_size=self.options.drafter_intermediate_size or None, block_size=self.options.block_size,
-            target_name_or_path=target_name, target_quantization=args.target_quantization,
+            target.config, draft_vocab_size=draft_vocab, **self.options.config_fields(), target_name_or_path=target_name, target_quantization=args.target_quantization,
             num_draft_tokens_eval=args.num_draft_tokens)
         return self.kind.model_class(config)
 

@@ -10,55 +10,36 @@ block; block slot i distils the target's distribution of token j + i, weighted d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig
 
-from training.adapters import Adapter, check_ranges, unwrap_drafter
+from training.adapters import Adapter, unwrap_drafter
 from training.target import target_folder
 from training.losses import distill_loss
 
 from ...errors import InputError
 from .drafter import context_modules, embedded
-
-
-@dataclass
-class DFlashOptions:
-    block_size: int = field(default=8, metadata={"help": "block positions per drafter forward (the newest token, then block_size - 1 masks: the longest draft)"})
-    dflash_layers: int = field(default=1, metadata={"help": "decoder layers of a new drafter"})
-    target_layers: str = field(default="", metadata={"help": "the target layers whose outputs are its context, e.g. '1,13,25'; default: 1, N/2, N-2"})
-    mask_token_id: int = field(default=-1, metadata={"help": "the token id of the mask positions; -1: the target's pad token (else its last id)"})
-    block_anchors: int = field(default=16, metadata={"help": "blocks trained per sequence per step"})
-    position_decay: float = field(default=0.8, metadata={"help": "loss weight of block slot i is decay**(i - 1)"})
-
-    def __post_init__(self):
-        layers = self.target_layers.split(",") if self.target_layers else []
-        if not all(x.strip().isdigit() for x in layers):
-            raise InputError(f"--target-layers must be target layer numbers, e.g. 1,13,25 (got {self.target_layers!r}).")
-        check_ranges(self, positive=("dflash_layers", "block_anchors"))
-        if self.block_size < 2:
-            raise InputError(f"--block-size must be >= 2 (got {self.block_size}): block_size - 1 tokens are drafted.")
+from .options import DFlashOptions
 
 
 def new_config(target_config, options: DFlashOptions, **fields) -> MuseGlimmerAssistantConfig:
     """A DFlash drafter for this target: its width, heads and RoPE (the drafter attends over the target's positions)."""
     text = target_config.get_text_config()
     count = text.num_hidden_layers
-    ids = [int(i) for i in options.target_layers.split(",")] if options.target_layers else sorted({1, count // 2, max(count - 2, 0)})
+    chosen = options.config_fields()  # the drafter's depth, block, context layers and mask token; the rest the target's
+    ids = chosen.pop("target_layer_ids") or sorted({1, count // 2, max(count - 2, 0)})
     if any(not 0 <= i < count for i in ids):
         raise InputError(f"--target-layers {ids}: the target has layers 0..{count - 1}.")
-    mask = options.mask_token_id if options.mask_token_id >= 0 else (
-        text.pad_token_id if text.pad_token_id is not None else text.vocab_size - 1)
+    if chosen["mask_token_id"] < 0:
+        chosen["mask_token_id"] = text.pad_token_id if text.pad_token_id is not None else text.vocab_size - 1
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     rope = getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
     return MuseGlimmerAssistantConfig(
-        hidden_size=text.hidden_size, intermediate_size=text.intermediate_size, num_hidden_layers=options.dflash_layers,
+        hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
         num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads, head_dim=head_dim,
         rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), rope_parameters=dict(rope),
-        max_position_embeddings=text.max_position_embeddings, block_size=options.block_size, mask_token_id=mask,
-        target_layer_ids=ids, bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
-        pad_token_id=text.pad_token_id, **fields)
+        max_position_embeddings=text.max_position_embeddings, target_layer_ids=ids, bos_token_id=text.bos_token_id,
+        eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id, **chosen, **fields)
 
 
 def block_hidden(model, features, input_ids, anchors, embedding):
@@ -86,7 +67,6 @@ def block_hidden(model, features, input_ids, anchors, embedding):
 class DFlashTraining(Adapter):
     """A DFlash block drafter (transformers' layout): block slot i after anchor j distils the target at token j + i."""
 
-    Options = DFlashOptions
     reads_target_features = True
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
@@ -154,4 +134,4 @@ class DFlashTraining(Adapter):
         return sum(losses) / sum(weights), logits[first], batch["tgt_ids"][teacher[first]]
 
 
-__all__ = ["DFlashTraining", "DFlashOptions", "new_config", "block_hidden"]
+__all__ = ["DFlashTraining", "new_config", "block_hidden"]

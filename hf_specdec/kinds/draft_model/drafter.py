@@ -90,6 +90,11 @@ class DraftModelDrafter(Drafter):
         return draft
 
     @classmethod
+    def for_target(cls, target, options) -> "DraftModelDrafter":
+        """`layers:N` (`options.num_layers`)."""
+        return cls.from_early_layers(target, options.num_layers)
+
+    @classmethod
     def from_early_layers(cls, target, num_layers: int) -> "DraftModelDrafter":
         """`layers:N`: an untrained draft model cut from the target's first N layers (a baseline)."""
         if target is None:

@@ -210,10 +210,6 @@ class SelfSpeculativeDrafter(Drafter):
         self.num_layers = num_layers
         self.mode: Drafter | None = None
 
-    @classmethod
-    def for_target(cls, target, number=None):
-        return cls(number)
-
     def __repr__(self) -> str:
         return f"SelfSpeculativeDrafter(num_layers={self.requested_layers})"
 

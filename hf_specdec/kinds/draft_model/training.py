@@ -3,38 +3,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from transformers import AutoModelForCausalLM
 
 from .model import SpecDrafterForCausalLM, drafter_config_from_target
 
-from training.adapters import Adapter, check_ranges
-
-
-@dataclass
-class TokenOptions:
-    drafter_layers: int = field(default=2, metadata={"help": "decoder layers of a new drafter"})
-    drafter_intermediate_size: int = field(default=0, metadata={"help": "its MLP width; 0: the target's"})
-    init_from_target: bool = field(default=True, metadata={"help": "start from the target's first layers (eagle: its last layers) and final norm"})
-
-    def __post_init__(self):
-        check_ranges(self, positive=("drafter_layers",), non_negative=("drafter_intermediate_size",))
+from training.adapters import Adapter
 
 
 class TokenTraining(Adapter):
     """A new `SpecDrafterForCausalLM` that reads tokens only (initialised from the target's first layers)."""
 
-    Options = TokenOptions
     reduced_vocabulary = True
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         o = self.options
         config = drafter_config_from_target(
-            target.config, num_hidden_layers=o.drafter_layers, intermediate_size=o.drafter_intermediate_size or None,
-            draft_vocab_size=draft_vocab, target_name_or_path=target_name, target_quantization=args.target_quantization,
-            num_draft_tokens_eval=args.num_draft_tokens, target_feature_input=self.reads_target_features)
+            target.config, **o.config_fields(), draft_vocab_size=draft_vocab, target_name_or_path=target_name,
+            target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens, target_feature_input=self.reads_target_features)
         drafter = SpecDrafterForCausalLM(config)
         if o.init_from_target:
             init_from_target(drafter, target_folder)

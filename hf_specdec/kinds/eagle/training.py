@@ -3,31 +3,17 @@ final hidden state before it, trained to predict the next token and the target's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from training.adapters import check_ranges
 from training.losses import token_loss
 
-from ..draft_model.training import TokenOptions, TokenTraining
-
-
-@dataclass
-class EagleOptions(TokenOptions):
-    feature_loss_weight: float = field(default=1.0, metadata={"help": "weight of the smooth-L1 loss between the drafter's and the target's hidden states"})
-    unroll_steps: int = field(default=1, metadata={"help": "extra training passes that feed the drafter its own hidden states, as drafting ahead does"})
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_ranges(self, non_negative=("unroll_steps",))
+from ..draft_model.training import TokenTraining
 
 
 class EagleTraining(TokenTraining):
     """EAGLE-style: the token and the target's hidden state before it in; trained to predict the next token and the
     target's next hidden state, also from its own states fed back (`--unroll-steps`), as drafting ahead does."""
 
-    Options = EagleOptions
     reads_target_features = True
 
     def logits(self, model, batch):

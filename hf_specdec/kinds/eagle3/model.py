@@ -65,15 +65,15 @@ class Eagle3Config(LlamaLayerConfig):
         super().__post_init__(**kwargs)
 
     @classmethod
-    def from_target(cls, target_config, draft_vocab_size: int = 8192, layer_ids=None, **kwargs) -> "Eagle3Config":
-        """The target's width, heads, RoPE and vocabulary; its low, middle and high layers unless `layer_ids`."""
+    def from_target(cls, target_config, draft_vocab_size: int = 8192, target_layer_ids=None, **kwargs) -> "Eagle3Config":
+        """The target's width, heads, RoPE and vocabulary; its low, middle and high layers unless `target_layer_ids`."""
         text = target_config.get_text_config()
         base = drafter_config_from_target(target_config, num_hidden_layers=1).to_dict()
         keep = {k: base[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                                      "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
                                      "rope_parameters", "attention_bias", "mlp_bias", "pad_token_id", "bos_token_id",
                                      "eos_token_id", "vocab_size")}
-        ids = list(layer_ids) if layer_ids else default_layer_ids(text.num_hidden_layers)
+        ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(text.num_hidden_layers)
         if max(ids) > text.num_hidden_layers:
             raise ValueError(f"target_layer_ids {ids}: the target has {text.num_hidden_layers} layers.")
         size = draft_vocab_size or text.vocab_size

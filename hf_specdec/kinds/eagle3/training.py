@@ -4,7 +4,6 @@ forward, trained with training-time test. The block drafter's training builds on
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,32 +13,9 @@ from ...cache.hidden import entering_layers
 from ...errors import InputError
 from .model import Eagle3Config
 
-from training.adapters import Adapter, check_ranges, unwrap_drafter
+from training.adapters import Adapter, unwrap_drafter
 from training.losses import token_loss
 from training.target import target_folder
-
-
-@dataclass
-class LayerOptions:
-    target_layers: str = field(default="", metadata={"help": "the three target layers whose entering hidden states it fuses, e.g. '2,15,27'; default: 2, N/2, N-3"})
-    drafter_intermediate_size: int = field(default=0, metadata={"help": "its MLP width; 0: the target's"})
-
-    def __post_init__(self):
-        layers = self.target_layers.split(",") if self.target_layers else []
-        if layers and (len(layers) != 3 or not all(x.strip().isdigit() and int(x) >= 1 for x in layers)):
-            raise InputError(f"--target-layers must be three target layers, e.g. 2,15,27 (got {self.target_layers!r}).")
-        check_ranges(self, non_negative=("drafter_intermediate_size",))
-
-
-@dataclass
-class Eagle3Options(LayerOptions):
-    ttt_steps: int = field(default=3, metadata={"help": "training-time-test passes (pass r trains the r-th token drafted ahead, on its own states)"})
-    ttt_decay: float = field(default=0.8, metadata={"help": "loss weight of pass r is decay**r"})
-    ttt_one_pass_steps: int = field(default=0, metadata={"help": "the first N steps train one pass only (about 3.6x cheaper a step on a CPU, and at equal time the first draft learns faster), then all --ttt-steps"})
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_ranges(self, positive=("ttt_steps",), non_negative=("ttt_one_pass_steps",))
 
 
 class Eagle3Training(Adapter):
@@ -48,15 +24,12 @@ class Eagle3Training(Adapter):
     the target-fed keys up to r positions back and to its own keys of the passes since, exactly what drafting r tokens
     ahead sees; the passes' losses are weighted decay**r."""
 
-    Options = Eagle3Options
     reads_target_features = reduced_vocabulary = True
 
     def layer_ids(self, target_config, folder: str | None) -> list[int]:
         if folder is not None:
             return list(json.loads((Path(folder) / "config.json").read_text())["target_layer_ids"])
-        if self.options.target_layers:
-            return [int(i) for i in self.options.target_layers.split(",")]
-        return Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
+        return self.options.value("target_layers") or Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
 
     def check(self, args, folder):
         try:  # the target's config only (a target that cannot load is refused by its loading, with its own message)
@@ -74,8 +47,7 @@ class Eagle3Training(Adapter):
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = Eagle3Config.from_target(
-            target.config, draft_vocab_size=draft_vocab, layer_ids=self.layer_ids(target.config, None),
-            intermediate_size=self.options.drafter_intermediate_size or None, target_name_or_path=target_name,
+            target.config, draft_vocab_size=draft_vocab, **self.options.config_fields(), target_name_or_path=target_name,
             target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens)
         return self.kind.model_class(config)
 

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from hf_specdec.kinds.medusa.model import MedusaConfig
-
-from training.adapters import Adapter, check_ranges, unwrap_drafter
+from training.adapters import Adapter, unwrap_drafter
 from training.losses import distill_loss
 
-
-@dataclass
-class MedusaOptions:
-    medusa_heads: int = field(default=4, metadata={"help": "number of heads (head i predicts the token i + 2 ahead)"})
-    medusa_layers: int = field(default=1, metadata={"help": "residual blocks per head"})
-    medusa_decay: float = field(default=0.8, metadata={"help": "loss weight of head i is decay**i"})
-    medusa_positions: int = field(default=512, metadata={"help": "positions per head per step (each needs full-vocabulary logits)"})
-
-    def __post_init__(self):
-        check_ranges(self, positive=("medusa_heads", "medusa_layers", "medusa_positions"))
+from .model import MedusaConfig
 
 
 class MedusaTraining(Adapter):
     """Medusa-1 heads on the target's final hidden state: head i at position j distils the target at j + 1 + i."""
 
-    Options = MedusaOptions
     reads_target_features = reduced_vocabulary = True
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
-        config = MedusaConfig.from_target(target.config, num_heads=self.options.medusa_heads, num_layers=self.options.medusa_layers,
-                                          target_name_or_path=target_name, target_quantization=args.target_quantization,
+        config = MedusaConfig.from_target(target.config, **self.options.config_fields(), target_name_or_path=target_name,
+                                          target_quantization=args.target_quantization,
                                           num_draft_tokens_eval=self.options.medusa_heads, draft_vocab_size=draft_vocab)
         return self.kind.model_class(config)
 

@@ -79,7 +79,7 @@ class MtpDrafter(EagleDrafter):
         self.model = MtpHead(model).eval()
 
     @classmethod
-    def for_target(cls, target, number=None) -> "MtpDrafter":
+    def for_target(cls, target, options=None) -> "MtpDrafter":
         """`assistant="mtp"`: the MTP layers saved in the target's own checkpoint."""
         if target is None:
             raise InputError("assistant='mtp' drafts with the target's own MTP layers: pass it with a target model.")

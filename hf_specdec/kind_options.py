@@ -1,0 +1,166 @@
+"""A drafter kind's options: one dataclass per kind (as peft keeps one config per method), read wherever the kind is
+configured, so that an option is written once.
+
+    @dataclass
+    class MedusaOptions(KindOptions):
+        medusa_heads: int = option(4, "number of heads", config="num_heads")      # saved in a new drafter's config
+        tree: str = option("default", "...", decoding=True, argument=True)        # the drafter's keyword; "medusa:12"
+        medusa_decay: float = option(0.8, "loss weight of head i is decay**i")    # how it trains
+
+- every field is a flag of the trainer (`--medusa-heads`: `HfArgumentParser` reads the dataclass);
+- `config="<attribute>"` fields make a new drafter's config (`config_fields()`); a fine-tune keeps its folder's, so
+  the trainer refuses them with `--drafter DIR` (`config_flags()`);
+- `decoding=True` fields are keywords of the kind's drafter (`drafter_keywords()`: `AutoDrafter`, a name's drafter
+  and the trainer's evaluation all build it so), and the one `argument=True` field is what follows ':' in an assistant
+  name (`from_argument`): `"medusa:chain"`, `"self:12"`.
+
+The kind registers its class (`DrafterKind(..., options=MedusaOptions)`). Light: no torch, no transformers, so that
+the command line checks a name before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Callable
+
+from .errors import InputError
+
+
+def option(default, help: str, *, config: str | None = None, decoding: bool = False, argument: bool = False,
+           parse: Callable[[str], object] | None = None, required: bool = False):
+    """A field of a kind's options. `parse` turns the field's text into what the drafter takes (a name's ':arg' and
+    its flag are text); `required`: a name must carry the argument (`"layers:N"`)."""
+    return field(default=default, metadata={"help": help, ROLE: {"config": config, "decoding": decoding or argument,
+                                                                 "argument": argument, "parse": parse, "required": required}})
+
+
+ROLE = "hf_specdec"  # the metadata key of what a field serves (`help` is argparse's)
+
+
+def _role(f) -> dict:
+    return f.metadata.get(ROLE, {})
+
+
+def positive_int(text) -> int:
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 1:
+        return text
+    if isinstance(text, str) and text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise InputError(f"must be a whole number >= 1 (got {text!r})")
+
+
+def or_none(value):
+    """0 or '': the target's own (None)."""
+    return value or None
+
+
+def tree_shape(text):
+    """A drafter that scores several positions at once drafts its top-1 chain ('chain'), its default tree ('tree' or
+    'default') or the N nodes likeliest to be accepted ('N')."""
+    if text in ("chain", "default"):
+        return text
+    if text == "tree":
+        return "default"
+    try:
+        return positive_int(text)
+    except InputError:
+        raise InputError(f"must be 'chain', 'tree' or a node count N >= 1 (got {text!r})") from None
+
+
+@dataclass
+class KindOptions:
+    """A kind with no options of its own (the base of every kind's options)."""
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raise an `InputError` naming every option out of its range (`check_ranges`), before any work."""
+        for f in fields(self):
+            parse = _role(f).get("parse")
+            if parse is not None and getattr(self, f.name) is not None:
+                try:
+                    parse(getattr(self, f.name))
+                except InputError as error:
+                    raise InputError(f"--{f.name.replace('_', '-')} {error}.") from None
+
+    @classmethod
+    def argument(cls):
+        """The field a name's ':arg' sets, or None (the kind's names take none)."""
+        return next((f for f in fields(cls) if _role(f).get("argument")), None)
+
+    @classmethod
+    def usage(cls, name: str) -> str:
+        """How the kind's name is written: 'self' (or 'self:N'), 'layers:N', 'ngram'."""
+        arg = cls.argument()
+        if arg is None:
+            return f"'{name}'"
+        return f"'{name}:N'" if _role(arg)["required"] else f"'{name}' (or '{name}:N')"
+
+    @classmethod
+    def from_argument(cls, text: str = "") -> "KindOptions":
+        """The options a name's ':arg' (`text`; "" when it has none) stands for, or an `InputError` saying what the
+        kind takes ("takes nothing after ':'")."""
+        arg = cls.argument()
+        if not text:
+            if arg is not None and _role(arg)["required"]:
+                raise InputError("needs ':N'")
+            return cls()
+        if arg is None:
+            raise InputError("takes nothing after ':'")
+        parse = _role(arg)["parse"] or positive_int
+        try:
+            parse(text)
+        except InputError as error:
+            raise InputError(f"cannot take ':{text}': what follows ':' {error}") from None
+        return cls(**{arg.name: text if _role(arg)["parse"] else positive_int(text)})  # (flags hold text too)
+
+    def value(self, name: str):
+        """An option's value as the config or the drafter takes it (its text parsed: '2,15,27' -> [2, 15, 27])."""
+        value, parse = getattr(self, name), _role(self.__dataclass_fields__[name]).get("parse")
+        return parse(value) if parse is not None and value is not None else value
+
+    @classmethod
+    def flags(cls) -> type:
+        """The dataclass `HfArgumentParser` reads for the trainer's flags: these fields, their help alone as
+        metadata (argparse takes every metadata key as a keyword); `cls(**asdict(parsed))` is the options."""
+        hints = typing.get_type_hints(cls)
+        return make_dataclass(f"{cls.__name__}Flags", [
+            (f.name, hints[f.name], field(default=f.default, metadata={"help": f.metadata.get("help", "")}))
+            for f in fields(cls)])
+
+    def config_fields(self) -> dict:
+        """A new drafter's config fields, by config attribute."""
+        return {_role(f)["config"]: self.value(f.name) for f in fields(self) if _role(f).get("config")}
+
+    @classmethod
+    def config_flags(cls) -> dict[str, str]:
+        """The trainer flag of each config field ('--medusa-heads' -> 'num_heads')."""
+        return {f"--{f.name.replace('_', '-')}": _role(f)["config"] for f in fields(cls) if _role(f).get("config")}
+
+    def drafter_keywords(self) -> dict:
+        """The kind's drafter's keywords (its `decoding=True` fields, parsed)."""
+        return {f.name: self.value(f.name) for f in fields(self) if _role(f).get("decoding")}
+
+
+def check_ranges(options, positive=(), non_negative=()) -> None:
+    """An `InputError` naming every option out of its range (a kind's `check`)."""
+    bad = [f"--{n.replace('_', '-')} must be >= 1 (got {getattr(options, n)})" for n in positive if getattr(options, n) < 1]
+    bad += [f"--{n.replace('_', '-')} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
+    if bad:
+        raise InputError("; ".join(bad) + ".")
+
+
+TREE_HELP = ("what it drafts (and the trainer evaluates): 'chain' (each position's top token), 'tree' (the default "
+             "tree) or N (the N nodes likeliest to be accepted, from the accuracy training measured)")
+
+
+@dataclass
+class TreeOptions(KindOptions):
+    """The options of a kind whose drafter scores several positions at once: the shape it drafts."""
+
+    tree: str = option("chain", TREE_HELP, argument=True, parse=tree_shape)
+
+
+__all__ = ["KindOptions", "TreeOptions", "TREE_HELP", "option", "check_ranges", "positive_int", "or_none", "tree_shape"]
