@@ -68,14 +68,17 @@ def resolve(assistant, target=None, sampling: bool = False) -> Assistant:
     """`assistant=` as this call's `Assistant`, or a clear error listing what is accepted. A name is parsed here,
     once ("default" standing for the drafter measured fastest for this target, greedy or `sampling`), and built at its
     first use on `target`, then kept with it."""
-    if isinstance(assistant, (Drafter, SequenceDrafter, CandidateGenerator)):
-        return Assistant(_adapted(assistant), assistant)
+    # (each family goes down once: names to names.py, models to the registry, objects to their batched form)
     if isinstance(assistant, str):
         drafter = _kept(target, parse(assistant, target, sampling))
         return Assistant(drafter, drafter)
-    if isinstance(assistant, PreTrainedModel):
-        return Assistant(_model_drafter(assistant), assistant)
-    raise TypeError(f"Unsupported assistant of type {type(assistant).__name__}; expected {accepted_assistants()}.")
+    if isinstance(assistant, (Drafter, SequenceDrafter, CandidateGenerator)):
+        return Assistant(_adapted(assistant), assistant)
+    kind = kind_of_model(assistant) if isinstance(assistant, PreTrainedModel) else None
+    if kind is None:
+        raise TypeError(f"Unsupported assistant of type {type(assistant).__name__} (a model needs an LM head to draft "
+                        f"with); expected {accepted_assistants()}.")
+    return Assistant(kind.drafter_for(assistant), assistant)
 
 
 def as_drafter(assistant, target=None) -> Drafter:
@@ -139,15 +142,6 @@ def _adapted(assistant) -> Drafter:
     if isinstance(assistant, CandidateGenerator):
         return PerRowDrafter(CandidateGeneratorDrafter(assistant))
     return assistant
-
-
-def _model_drafter(model) -> Drafter:
-    """A model as the Drafter of its kind (`registry.kind_of_model`: a drafter kind, or any causal LM)."""
-    kind = kind_of_model(model)
-    if kind is None:
-        raise TypeError(f"assistant={type(model).__name__} is not a drafter or a causal LM with an LM head; "
-                        f"expected {accepted_assistants()}.")
-    return kind.drafter_for(model)
 
 
 __all__ = ["Assistant", "resolve", "as_drafter", "get_assistant", "build", "accepted_assistants"]

@@ -40,7 +40,7 @@ class AutoDrafter:
         """The drafter `name` in eval mode; with `target`, moved to its device and bound to it. Extra kwargs go to the
         kind's `from_pretrained`."""
         source = str(name)
-        if shipped_folder(source) is not None:  # (a shipped name wins over a folder of that name: "./medusa" is one)
+        if shipped_folder(source) is not None:  # (a shipped name wins over a folder of that name: "./<name>" is the folder)
             source = str(shipped_folder(source))
         elif not (Path(source).exists() or is_hub_id(source)):
             raise UnknownDrafterError(f"Unknown drafter {source!r}: not a folder, a shipped drafter or a Hub id "

@@ -10,7 +10,7 @@ with a_i counted from the accepted prefixes so far (a position's recent trials w
 step, as acceptance comes in runs; a drafter's stop on low confidence counts as a miss, since a_i must be what asking
 for i drafts yields). k = 0 is a plain decoding step, so a drafter that does not pay costs little; now and then the
 policy tries a length next to its choice when that length is nearly as good, so that close calls follow the text.
-Drafters that know their confidence (draft models, Medusa chains, EAGLE-style and self-speculative drafters) also stop
+Drafters that know their confidence (draft models, feature drafters, positionwise chains, self-speculation) also stop
 a step early when their top probability falls below `confidence_threshold`; that decision depends only on the
 drafter's distribution before a token is drawn, and the length choice only on past steps, so sampling stays exact.
 

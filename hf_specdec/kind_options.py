@@ -2,19 +2,19 @@
 configured, so that an option is written once.
 
     @dataclass
-    class MedusaOptions(KindOptions):
-        medusa_heads: int = option(4, "number of heads", config="num_heads")      # saved in a new drafter's config
-        tree: str = option("default", "...", decoding=True, argument=True)        # the drafter's keyword; "medusa:12"
-        medusa_decay: float = option(0.8, "loss weight of head i is decay**i")    # how it trains
+    class HeadsOptions(KindOptions):
+        num_heads: int = option(4, "number of heads", config="num_heads")        # saved in a new drafter's config
+        tree: str = option("chain", "...", argument=True, parse=tree_shape)       # the drafter's keyword; "heads:12"
+        head_decay: float = option(0.8, "loss weight of head i is decay**i")      # how it trains
 
-- every field is a flag of the trainer (`--medusa-heads`: `HfArgumentParser` reads the dataclass);
+- every field is a flag of the trainer (`--num-heads`: `HfArgumentParser` reads the dataclass);
 - `config="<attribute>"` fields make a new drafter's config (`config_fields()`); a fine-tune keeps its folder's, so
   the trainer refuses them with `--drafter DIR` (`config_flags()`);
 - `decoding=True` fields are keywords of the kind's drafter (`drafter_keywords()`: `AutoDrafter`, a name's drafter
   and the trainer's evaluation all build it so), and the one `argument=True` field is what follows ':' in an assistant
-  name (`from_argument`): `"medusa:chain"`, `"self:12"`.
+  name (`from_argument`): `"heads:chain"`, `"self:12"`.
 
-The kind registers its class (`DrafterKind(..., options=MedusaOptions)`). Light: no torch, no transformers, so that
+The kind registers its class (`DrafterKind(..., options=HeadsOptions)`). Light: no torch, no transformers, so that
 the command line checks a name before anything heavy loads.
 """
 
@@ -136,7 +136,7 @@ class KindOptions:
 
     @classmethod
     def config_flags(cls) -> dict[str, str]:
-        """The trainer flag of each config field ('--medusa-heads' -> 'num_heads')."""
+        """The trainer flag of each config field ('--num-heads' -> 'num_heads')."""
         return {f"--{f.name.replace('_', '-')}": _role(f)["config"] for f in fields(cls) if _role(f).get("config")}
 
     def drafter_keywords(self) -> dict:

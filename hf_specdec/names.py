@@ -9,9 +9,10 @@ transformers.
     "none"                    no drafts: plain steps through hf_specdec's own loop (a baseline for measurements)
     "self", "self:L"          self-speculation: the target's first half (or first L) of its layers
     "layers:N"                an untrained draft model cut from the target's first N layers (a baseline)
-    "distilled", "medusa"     a drafter shipped for the default target (hf_specdec/shipped_drafters/)
-    "medusa:chain", "medusa:N"  Medusa heads drafting their top-1 chain, or an N-node tree
-    "a+b"                     a's draft when it has one, else b's (e.g. "ngram+medusa:chain")
+    "distilled", ...          a drafter shipped for the default target (hf_specdec/shipped_drafters/)
+    "NAME:chain", "NAME:N"    a loaded drafter that drafts trees, drafting its top-1 chain or an N-node tree (what
+                              follows ':' is its kind's options' to read: `kind_options.py`)
+    "a+b"                     a's draft when it has one, else b's (e.g. "ngram+distilled")
     "default"                 the fastest drafter measured for this target (BENCHMARKS.md)
     a folder or "owner/name"  any drafter hf_specdec saved (`AutoDrafter`), or a causal LM with the target's vocabulary
                               (a built-in name wins over a folder of that name: "./ngram" names the folder)
@@ -26,7 +27,7 @@ from .default_model import is_default_target, is_hub_id
 from .errors import InputError
 from .kind_options import KindOptions
 from .registry import DrafterKind, drafter_kinds, named_kinds
-from .shipped import shipped_drafter_names
+from .shipped import shipped_default, shipped_drafter_names
 
 
 class UnknownDrafterError(InputError):
@@ -47,18 +48,19 @@ class Part:
 def known_names() -> str:
     shipped = ", ".join(shipped_drafter_names()) or "none"
     words = ", ".join(kind.usage for kind in named_kinds().values())
-    return (f"{words}, 'default', a shipped drafter ({shipped}; Medusa heads also as 'medusa:chain' or 'medusa:N'), "
+    return (f"{words}, 'default', a shipped drafter ({shipped}; one that drafts trees also as 'NAME:chain' or "
+            "'NAME:N'), "
             "'a+b' (a's draft, else b's), a drafter folder, or a Hub id 'owner/name'")
 
 
 def default_name(target=None, sampling: bool = False) -> str:
     """The fastest drafter the project has measured for this target among those that keep nothing across calls
-    (BENCHMARKS.md): for the embedded SmolLM2, n-gram lookup backed by the shipped Medusa heads' chain (sampled: n-gram
-    lookup alone, since the heads' drafts are seldom drawn then and cost a fifth of a forward each); for any other
-    target, n-gram lookup. Suffix decoding measures faster on repeated work, but a seeded sample would then depend on
-    earlier calls, and one caller's text would shape how fast another's requests run, so it stays opt-in ("suffix")."""
-    if (not sampling and (target is None or is_default_target(target)) and "medusa" in shipped_drafter_names()):
-        return "ngram+medusa:chain"
+    (BENCHMARKS.md): for the embedded SmolLM2, the name its shipped drafters' `default.json` gives, greedy or sampled
+    (n-gram lookup backed by the shipped heads' chain; sampled, n-gram lookup alone); for any other target, n-gram
+    lookup. Suffix decoding measures faster on repeated work, but a seeded sample would then depend on earlier calls,
+    and one caller's text would shape how fast another's requests run, so it stays opt-in ("suffix")."""
+    if target is None or is_default_target(target):
+        return shipped_default(sampling) or "ngram"
     return "ngram"
 
 

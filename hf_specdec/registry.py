@@ -11,7 +11,7 @@ line, from any package (as peft's `register_peft_method`):
     register_drafter_kind(DrafterKind("my-lookup", build=MyLookup.for_target, description="..."))
 
 A kind's `options` (`kind_options.py`) is its one options class: the trainer's flags, a new drafter's config fields,
-its drafter's keywords and what follows ':' in its name ("medusa:chain", "self:12").
+its drafter's keywords and what follows ':' in its name ("runs/heads:chain", "self:12").
 
 Several kinds may share a config class (token-only and EAGLE-style drafters are both `SpecDrafterConfig`); `matches`
 then tells them apart. `build`, exporters and `training` are callables or the "module:attribute" that names one, so

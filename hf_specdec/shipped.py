@@ -8,6 +8,7 @@ config.json keeps (`hf_specdec.hub.card.write_shipped_cards()` writes them again
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 SHIPPED_DIR = Path(__file__).parent / "shipped_drafters"
@@ -23,3 +24,10 @@ def shipped_folder(name: str) -> Path | None:
     """The folder of the shipped drafter `name`, or None."""
     return SHIPPED_DIR / name if name in shipped_drafter_names() else None
 
+
+
+def shipped_default(sampling: bool = False) -> str | None:
+    """The assistant name measured fastest for the default target, greedy or `sampling` (`shipped_drafters/
+    default.json` says why), or None where the shipped drafters are absent."""
+    path = SHIPPED_DIR / "default.json"
+    return json.loads(path.read_text())["sampling" if sampling else "greedy"] if path.is_file() else None

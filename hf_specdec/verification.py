@@ -116,7 +116,7 @@ def one_hot_probs(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) ->
     return torch.nn.functional.one_hot(tokens, vocab_size).to(dtype)
 
 
-# --- Medusa's typical acceptance: LOSSY, only when asked for (`verification="typical"`).
+# --- typical acceptance: LOSSY, only when asked for (`verification="typical"`).
 
 
 def typical_bar(target_probs: torch.Tensor, threshold: float, alpha: float) -> torch.Tensor:
@@ -127,7 +127,7 @@ def typical_bar(target_probs: torch.Tensor, threshold: float, alpha: float) -> t
 
 def typical(tokens: torch.Tensor, tree: Tree, probs: torch.Tensor, threshold: float, alpha: float,
             valid: torch.Tensor | None = None, generator: torch.Generator | None = None) -> Accepted:
-    """Medusa-style typical acceptance (Cai et al. 2024), NOT exact: the deepest node whose path is all 'typical'
+    """Typical acceptance (Cai et al. 2024), NOT exact: the deepest node whose path is all 'typical'
     (the target gives each token more than `typical_bar` after its parent), then a draw from the target after it.
     The output follows the target only approximately; use it for speed when exactness is not needed."""
     rows = tree.tensors(tokens.device)["parents"] + 1

@@ -36,7 +36,7 @@ def test_model_free_names_need_no_download():
 def test_an_unknown_name_fails_fast_and_lists_the_known_names(name, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target = tiny_llama()
-    with pytest.raises(UnknownDrafterError, match="Known: 'ngram', 'suffix', 'recycle', 'none', 'self'.*'layers:N'.*distilled.*medusa:chain"):
+    with pytest.raises(UnknownDrafterError, match="Known: 'ngram', 'suffix', 'recycle', 'none', 'self'.*'layers:N'.*distilled.*'NAME:chain'"):
         as_drafter(name, target=target)
     hf_specdec.enable(target)
     try:  # through enable(): the same error, before generate() prepares anything

@@ -160,6 +160,18 @@ def test_drafts_are_priced_by_the_drafter_size(pair):
     assert 0.3 < DraftModelDrafter(small).draft_cost(target) < 0.8
 
 
+def test_the_default_targets_default_is_the_shipped_choice_and_any_other_targets_is_ngram_lookup():
+    """"default" for the embedded SmolLM2 is what its shipped drafters' default.json names (greedy: n-gram lookup
+    backed by a shipped drafter; sampled: n-gram lookup), every part of it a kind or a shipped drafter."""
+    from hf_specdec.names import default_name, parse
+    from hf_specdec.shipped import shipped_default, shipped_drafter_names
+
+    greedy = parse("default", None)
+    assert greedy.text == shipped_default(False) and len(greedy.parts) == 2
+    assert greedy.parts[0].kind.name == "ngram" and greedy.parts[1].source in shipped_drafter_names()
+    assert shipped_default(True) == "ngram" and default_name(tiny_llama()) == "ngram"
+
+
 def test_sampled_calls_draft_with_ngram_lookup_alone_by_default():
     """Under sampling "default" is n-gram lookup (the heads' drawn drafts did not pay: BENCHMARKS.md); greedy keeps the
     measured default; other names and drafter objects pass through."""

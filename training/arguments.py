@@ -28,7 +28,7 @@ class Args:
     tf32: bool = field(default=False, metadata={"help": "allow TF32 matmuls on Ampere+ GPUs (fp32 runs only)"})
     target_quantization: Literal["none", "8bit", "4bit"] = field(default="none", metadata={"help": "bitsandbytes quantization of the target, in training and eval"})
     # drafter
-    drafter: str = field(default="new", metadata={"help": "a kind of new drafter ('new' or 'draft-model': token-only; 'eagle': also reads the target's final hidden states, EAGLE-style; 'eagle3': reads three target layers' states, trained with training-time test; 'block': reads them too and proposes block_size tokens per forward; 'medusa': heads on the target's hidden state; any kind registered with a training adapter), or a folder holding a drafter or causal LM to continue from"})
+    drafter: str = field(default="new", metadata={"help": "a kind of new drafter: 'new' (token-only) or any registered kind with a training adapter (docs/training.md describes each; an unknown name lists them; `--drafter KIND --help` shows its options), or a folder holding a drafter or causal LM to continue from"})
     draft_vocab_size: int = field(default=8192, metadata={"help": "reduced output vocabulary (most frequent target tokens); 0: full"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters on an existing drafter instead of all weights"})
     lora_r: int = 16
@@ -52,7 +52,7 @@ class Args:
     extra_data: str = field(default="", metadata={"help": "comma-separated teacher-data folders prepared earlier (same target and quantization) added to the training set"})
     prepare_part_size: int = field(default=256, metadata={"help": "prompts (or texts) per saved part of the teacher data: a killed preparation continues from its last complete part"})
     max_train_tokens: int = field(default=0, metadata={"help": "train on a seeded subset of the prepared data holding at most this many target tokens (nested: a smaller budget takes part of a larger one's), for a data curve on one prepared set; 0: all"})
-    online_features: bool = field(default=False, metadata={"help": "feature kinds (eagle, eagle3, block, medusa): compute the target states each training batch reads with a target forward on the device, instead of storing them for the whole set (for GPUs: no states file of several GB, a cheap forward a step; the held-out set's states are still stored)"})
+    online_features: bool = field(default=False, metadata={"help": "feature kinds (those reading the target's states): compute the target states each training batch reads with a target forward on the device, instead of storing them for the whole set (for GPUs: no states file of several GB, a cheap forward a step; the held-out set's states are still stored)"})
     prepare_only: bool = field(default=False, metadata={"help": "prepare (or find) the teacher data, then exit"})
     # loss and optimisation
     loss: Literal[LOSSES] = field(default="fkl", metadata={"help": "fkl, rkl, tvd, jsd: divergences to the target's top-K distribution; lk-alpha: -log(acceptance); lk-hybrid: KL blended into TV as acceptance grows (the LK losses); ce: cross-entropy on the target's token"})

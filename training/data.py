@@ -138,7 +138,7 @@ def collate(records: list[dict], pad: int) -> dict:
         positions[row, r["start"] - 1 : len(r["tokens"]) - 1] = True
     batch = {"input_ids": ids, "positions": positions, "tgt_ids": torch.cat([r["ids"] for r in records]).long(),
              "tgt_lps": torch.cat([r["lps"] for r in records]).float()}
-    if "features" in records[0]:  # eagle / medusa: the target's hidden state at every position, right-padded with zeros
+    if "features" in records[0]:  # feature kinds: the target's states at every position, right-padded with zeros
         feats = torch.zeros(len(records), width, records[0]["features"].shape[-1])
         for row, r in enumerate(records):
             feats[row, : len(r["tokens"])] = r["features"].float()

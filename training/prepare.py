@@ -2,7 +2,7 @@
 token its top-K log-probs (and, for feature drafters, the hidden states they read, recorded by the scoring forward
 itself), in resumable parts, cached on disk under a key of everything they depend on. On its own:
 
-    python training/distill.py --prepare-only --drafter eagle3 --teacher-data generate --num-generate 1024
+    python training/distill.py --prepare-only --drafter eagle --teacher-data generate --num-generate 1024
 """
 
 from __future__ import annotations

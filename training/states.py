@@ -55,7 +55,7 @@ def target_states(target, input_ids: torch.Tensor, modules) -> torch.Tensor:
 def attach_target_features(target, data: TeacherData, path: Path, modules, show: bool, tokens_per_batch: int = 4096,
                            flush_every: int = 32) -> None:
     """The outputs of the target `modules` (the hidden states a feature drafter reads: the final norm's, or the layers
-    an EAGLE-3 drafter fuses, concatenated) at every token of every record, fp16, written once beside the teacher data
+    a drafter fuses, concatenated) at every token of every record, fp16, written once beside the teacher data
     as a memory-mapped .npy (bounded by disk, not RAM; a wide target's states do not fit in memory). The pass saves
     its progress every `flush_every` batches: a killed run continues where it stopped."""
     if not path.exists():

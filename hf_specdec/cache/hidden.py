@@ -1,8 +1,9 @@
-"""The target's hidden states that feature drafters (EAGLE-style, Medusa) read, taken from the verification forward
-itself with forward hooks: no extra target call.
+"""The target's hidden states that feature drafters read, taken from the verification forward itself with forward
+hooks: no extra target call.
 
-`final_norm(model)` is the module whose output feeds the LM head (what EAGLE-1 and Medusa read); `decoder_layers(model)`
-are the blocks whose outputs EAGLE-3 fuses (a low, a middle and a high layer).
+`final_norm(model)` is the module whose output feeds the LM head (what drafters reading the final state read);
+`decoder_layers(model)` are the layers whose states a drafter fusing several of them reads (a low, a middle and a high
+layer).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def final_norm(model) -> nn.Module:
             return module
     raise ValueError(
         f"{type(model).__name__} exposes no final norm (decoder.norm / ln_f) whose output a feature-conditioned "
-        "drafter (EAGLE-style, Medusa) could read; use a token-only drafter with this target."
+        "drafter could read; use a token-only drafter (or n-gram lookup) with this target."
     )
 
 

@@ -16,7 +16,7 @@ def _declared(function) -> str | None:
 def cache_keyword(call) -> str | None:
     """The keyword `call` (a model, a module or a function) takes its KV cache by: `cache` (transformers >= 5.24, and
     hf_specdec's own models), `past_key_values` (earlier releases), or None (it declares neither: it takes no cache,
-    or passes `**kwargs` on, as hf_specdec's block drafter does to its EAGLE-3 layer, which takes `cache`)."""
+    or passes `**kwargs` on to a layer that takes `cache`, as some of hf_specdec's drafters do)."""
     call = getattr(call, "_orig_mod", call)  # (torch.compile's wrapper declares only *args, **kwargs)
     function = type(call).forward if hasattr(type(call), "forward") and not inspect.isfunction(call) else call
     return _declared(getattr(function, "__func__", function))

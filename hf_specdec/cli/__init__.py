@@ -258,8 +258,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="plain vs transformers' built-in vs hf_specdec, interleaved, in one run")
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
     p.add_argument("--assistant", default=None,
-                   help="a drafter name (ngram, self, layers:N, distilled, medusa, medusa:chain, a+b, default, ...), a folder "
-                        "or a Hub id (default: the fastest measured for the target); a comma list compares several")
+                   help="a drafter name (ngram, self, layers:N, a shipped drafter, NAME:chain, a+b, default, ...), a "
+                        "folder or a Hub id (default: the fastest measured for the target); a comma list compares several")
     p.add_argument("--prompts", default="dev",
                    help="JSON lines with a `prompt` field, or 'dev': the 100 ShareGPT prompts shipped with hf_specdec "
                         "(every BENCHMARKS.md figure; never in the trainer's data)")
@@ -296,9 +296,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
     p.add_argument("--format", required=True,  # checked against the registered kinds' exporters (export.py)
-                   help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-eagle: vLLM's EAGLE layout; "
-                        "vllm-eagle3: its EAGLE-3 layout; vllm-medusa: its Medusa layout (Medusa heads); or a format a "
-                        "registered drafter kind adds")
+                   help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-<kind>: vLLM's layout of "
+                        "that kind, for the kinds that export one; or a format a registered drafter kind adds (an "
+                        "unknown format lists them all)")
     p.add_argument("--target", default="default", help="the drafter's target: 'default' (embedded SmolLM2), folder or Hub id")
     p.add_argument("--out", required=True)
     _target_flags(p)

@@ -1,12 +1,12 @@
 """Two drafters in one: the first one's proposal when it has one, else the second's, row by row.
 
 The natural pair is n-gram lookup first (free, and long and usually right when the text repeats itself) and a model
-drafter second (a few ms per token, right some of the time on fresh text): `"ngram+distilled"`, `"ngram+medusa"`. Both
+drafter second (a few ms per token, right some of the time on fresh text): `"ngram+distilled"`, `"ngram+runs/heads:chain"`. Both
 keep their own state in step with the sequence (`start`, `accepted`, `select_rows` go to both), so either can take over
 at any step; each learns in `accepted` how many of ITS drafts a row kept (none, for rows the other one drafted).
 Exactness is untouched: each row's draft comes from one drafter, with that drafter's q.
 
-A first drafter that sizes its own drafts (the suffix drafter: `"suffix+medusa:chain"`) is told, each step, how many
+A first drafter that sizes its own drafts (the suffix drafter: `"suffix+distilled"`) is told, each step, how many
 tokens per second the second one has given on the steps it drafted (`rival_rate`, from its accepted tokens, its draft
 length and its own drafting time): it drafts only where it expects more, so a weak match leaves the step to the model.
 """

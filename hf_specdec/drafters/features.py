@@ -1,4 +1,4 @@
-"""The target's hidden states per row, as feature drafters (EAGLE-style, Medusa) receive them from the loop.
+"""The target's hidden states per row, as feature drafters (those reading its states) receive them from the loop.
 
 A feature drafter asks, in `start`, for the outputs of some of the target's modules (`request`); every verification
 forward then records them, and after each step `Verified.hidden` holds those of the tokens each row committed (its

@@ -1,6 +1,6 @@
 """Any single-sequence drafter in a batch: one shallow copy per row, each fed its own row's real tokens.
 
-Batched drafters (draft models, EAGLE-style, Medusa, n-gram, self-speculation) do not need this; it is how a
+Batched drafters (every kind the registry knows, n-gram lookup, self-speculation) do not need this; it is how a
 `SequenceDrafter` (a cross-tokenizer drafter, your own drafter, a transformers `CandidateGenerator`) works at any batch
 size: its proposals are drafted row by row and verified together in the one batched target forward. The loop wraps
 such drafters once, at the boundary (`hf_specdec.assistants.as_drafter`).

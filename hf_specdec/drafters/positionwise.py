@@ -1,4 +1,4 @@
-"""Drafters whose one forward scores several positions ahead at once: Medusa heads and block drafters.
+"""Drafters whose one forward scores several positions ahead at once (heads on the target's state, block drafters).
 
 Such a drafter gives, per row, a distribution for each of the next k positions, none of them conditioned on the
 tokens drafted before it in the step. From these the step drafts either
@@ -9,7 +9,7 @@ tokens drafted before it in the step. From these the step drafts either
 - a static tree: node (r1, ..., rd) is the r_d-th most likely token at position d under node (r1, ..., r_{d-1}); the
   loop verifies the whole tree in ONE target forward with a tree attention mask and keeps the longest accepted path
   (greedy) or runs recursive rejection over siblings (sampling: exact). `tree=N` builds the N nodes most likely to
-  be accepted from the positions' measured accuracy (written by training; as Medusa builds its trees), `tree="default"`
+  be accepted from the positions' measured accuracy (written by training; Cai et al. 2024's way), `tree="default"`
   is the 7-node one of them (or `DEFAULT_TREE` without measurements), or pass your own list of paths. Bigger trees
   accept more per forward but make that forward wider: on a CPU a 64-node forward costs several decode steps, on a
   GPU about one.
@@ -38,7 +38,7 @@ def best_tree(head_accuracy, num_nodes: int) -> list[tuple[int, ...]]:
     """The `num_nodes` paths most likely to be accepted, taking heads as independent: node (r1..rd) is accepted with
     probability prod_i head_accuracy[i][r_i]. Best-first search, so every path's parent is in the tree."""
     if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise InputError(f"A Medusa tree needs at least one node, got {num_nodes!r}.")
+        raise InputError(f"A draft tree needs at least one node, got {num_nodes!r}.")
     acc = [list(map(float, row)) for row in head_accuracy]
     frontier = [(-p, (r,)) for r, p in enumerate(acc[0])]
     heapq.heapify(frontier)
@@ -62,10 +62,10 @@ def tree_parents(paths) -> tuple[Tree, list[tuple[int, ...]]]:
     ordered = unique if parents_first else sorted(unique, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(ordered)}
     if not ordered or any(len(p) == 0 or min(p) < 0 for p in ordered):
-        raise InputError("A Medusa tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
+        raise InputError("A draft tree is a non-empty list of non-empty paths of ranks >= 0, e.g. [[0], [1], [0, 0]].")
     missing = [p for p in ordered if len(p) > 1 and p[:-1] not in index]
     if missing:
-        raise InputError(f"Medusa tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
+        raise InputError(f"Draft tree paths {missing} lack their parent path (add {[list(p[:-1]) for p in missing]}).")
     return Tree([index[p[:-1]] if len(p) > 1 else -1 for p in ordered]), ordered
 
 

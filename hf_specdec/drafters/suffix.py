@@ -14,7 +14,7 @@ The source whose tree scores higher drafts; nodes below `min_probability` are le
 Under `draft_length="adaptive"` (the default at batch 1) the drafter sizes each tree itself (`_sized`): the number of
 nodes with the most expected tokens per second, from the nodes' own chances and the step costs the policy measured;
 an average acceptance by node position would cut a confident long draft short and pad a doubtful one. As the first
-part of a fallback drafter (`"suffix+medusa:chain"`) it drafts only where it expects more than the other part would
+part of a fallback drafter (`"suffix+distilled"`) it drafts only where it expects more than the other part would
 give, which leaves fresh text to the model. Nodes come likeliest first with parents first, as the loop needs.
 
 At batch 1 the tree is verified in one forward with a tree attention mask; in a batch, or where a tree cannot be

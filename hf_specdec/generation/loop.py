@@ -52,8 +52,8 @@ class SpeculationOptions:
         `DraftModelDrafter`).
     streamer: a transformers streamer, passed as `hf_specdec_streamer=` (`generate()` keeps its own `streamer=` from
         callables).
-    verification: 'exact', or 'typical' (Medusa's typical acceptance with `typical_threshold` / `typical_alpha`:
-        sampling only, LOSSY).
+    verification: 'exact', or 'typical' (typical acceptance, Cai et al. 2024, with `typical_threshold` /
+        `typical_alpha`: sampling only, LOSSY).
     """
 
     assistant: object = None

@@ -47,7 +47,7 @@ class RejectionRule(AcceptRule):
 
 @dataclass(frozen=True)
 class TypicalRule(AcceptRule):
-    """Medusa's typical acceptance: lossy, used only when asked for."""
+    """Typical acceptance (Cai et al. 2024): lossy, used only when asked for."""
 
     threshold: float
     alpha: float
@@ -68,7 +68,7 @@ def accept_rule(verification_mode: str, generation_config, threshold: float, alp
         raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
                          f"(got {threshold}, {alpha}).")
     warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
-                  "(Medusa's typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
+                  "(typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
     return TypicalRule(float(threshold), float(alpha))
 
 

@@ -30,7 +30,7 @@ QUANTIZATION_CODE = {
 
 
 def drafter_kind(config) -> str:
-    """The Hub tag of a drafter's kind: its registered name (`registry.py`), e.g. 'draft-model', 'eagle', 'medusa'."""
+    """The Hub tag of a drafter's kind: its registered name (`registry.py`), e.g. 'draft-model'."""
     kind = kind_of(config)
     return kind.hub_tag if kind is not None else "draft-model"
 
@@ -100,7 +100,7 @@ def render_model_card(folder, config, *, repo_id: str | None = None, target: str
         hardware=hardware or measured.get("hardware") or "not recorded",
         config=config,
         measured=measured,
-        # Medusa heads propose at most one token per head
+        # a drafter with heads proposes at most one token per head
         num_draft_tokens=measured.get("num_draft_tokens") or getattr(config, "num_heads", None) or 5,
         training=training,
         benchmarks=getattr(config, "benchmarks", None) or [],

@@ -18,7 +18,7 @@ from .eagle import EagleDrafter, EagleOptions
 from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter, Eagle3Options
 from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads, MedusaOptions
 
-# one line a kind: its folder holds the config, model, drafter, exporter and training adapter named here
+# one line a kind: its folder holds the config, model, drafter, options, exporter and training adapter named here
 register_drafter_kind(DrafterKind(
     "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter, options=TokenOptions,
     matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": f"{__name__}.draft_model.export:export_vllm_draft"},

@@ -4,7 +4,7 @@ Each step the drafter catches up on the tokens verified since its last step (fed
 EAGLE drafter is) and, in the same forward, runs k - 1 mask positions after each row's newest token; the newest
 token's output scores the first draft, mask i the (i + 1)-th. The mask positions leave the drafter's cache at once:
 it holds only verified tokens with the target's states. The first step has no target states yet and drafts nothing.
-Chains and trees are drafted from the k scored positions as Medusa's are (`positionwise.py`).
+Chains and trees are drafted from the k scored positions as every positionwise drafter's are (`positionwise.py`).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ do. Its layer is the EAGLE-3 layer (`Eagle3DraftModel`: the token and the fused 
 newest token it appends `block_size - 1` MASK positions, whose token embedding and state are two learned vectors.
 Mask position i (at real position n + i) attends to the verified context and to the masks before it, and predicts
 the token i + 1 after the newest one; the newest token's own position predicts the first. Nothing is fed back, so
-the block's positions do not see each other's tokens (as Medusa heads do not), but unlike Medusa heads they see the
-newest token and the whole context through attention.
+the block's positions do not see each other's tokens (as heads on the target's state do not), but unlike such heads
+they see the newest token and the whole context through attention.
 
 Per position the drafter gives a full distribution: the decoding loop drafts a chain (each position's top token, or
 a draw) or a static tree of each position's top candidates, built from the accuracy training measured per position
-and rank (`config.position_accuracy`), as Medusa trees are.
+and rank (`config.position_accuracy`), as every positionwise drafter's trees are (`drafters/positionwise.py`).
 
     drafter = AutoDrafter.from_pretrained("runs/block", target=target)
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter)

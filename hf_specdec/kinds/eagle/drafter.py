@@ -50,7 +50,7 @@ class EagleDrafter(Drafter):
         return [final_norm(target)]
 
     def input_features(self, features: torch.Tensor) -> torch.Tensor:
-        """What the drafter is fed for the target's recorded features (EAGLE-3 fuses several layers' states)."""
+        """What the drafter is fed for the target's recorded features (a subclass may fuse several layers' states)."""
         return features
 
     @property
