@@ -719,6 +719,8 @@ def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
     (["--drafter", "eagle3", "--target-layers", "2,15"], "--target-layers must be three target layers, e.g. 2,15,27"),
     (["--drafter", "eagle3", "--target-layers", "9,1,1"], "--target-layers 9,1,1: an EAGLE-3 drafter reads three target layers, each in 1..2"),
     (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, eagle3, medusa"),
+    (["--drafter", "medusa", "--tree", "12"], "--tree 12: an N-node tree is built from the accuracy a drafter's training measured"),
+    (["--drafter", "block", "--tree", "bushy"], "--tree must be 'chain', 'tree' or a node count N >= 1 (got 'bushy')"),
 ])
 def test_bad_arguments_are_input_errors(world, tmp_path, argv, message):
     kind = {"drafter": argv[argv.index("--drafter") + 1]} if "--drafter" in argv else {}

@@ -51,7 +51,12 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
     name = ALIASES.get(drafter, drafter)
     new_kinds = [k for k, kind in kinds.items() if kind.config_class is not None]
     if name in new_kinds:
-        return load_adapter(kinds[name], argv), None
+        adapter = load_adapter(kinds[name], argv)
+        if isinstance(adapter.options.drafter_keywords().get("tree"), int):  # (TreeOptions: kinds that draft trees)
+            raise InputError(f"--tree {adapter.options.tree}: an N-node tree is built from the accuracy a drafter's "
+                             "training measured, which a new drafter has only once this run saves it; evaluate with "
+                             "--tree chain or --tree tree, and decode the saved drafter as 'FOLDER:N'.")
+        return adapter, None
     config_file = Path(drafter) / "config.json"
     if not config_file.is_file():
         raise InputError(f"--drafter {drafter!r} is neither a kind of drafter to train ({', '.join(['new'] + new_kinds)}) "
