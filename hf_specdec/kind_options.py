@@ -114,7 +114,8 @@ class KindOptions:
             parse(text)
         except InputError as error:
             raise InputError(f"cannot take ':{text}': what follows ':' {error}") from None
-        return cls(**{arg.name: text if _role(arg)["parse"] else positive_int(text)})  # (flags hold text too)
+        # (a field with its own `parse` keeps its text, as its trainer flag does; `value()` parses it)
+        return cls(**{arg.name: text if _role(arg)["parse"] else positive_int(text)})
 
     def value(self, name: str):
         """An option's value as the config or the drafter takes it (its text parsed: '2,15,27' -> [2, 15, 27])."""

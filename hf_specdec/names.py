@@ -91,6 +91,8 @@ def _parse_one(piece: str) -> Part:
     # registered names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
     if kind is None and name not in shipped_drafter_names() and Path(piece).exists():
         return Part(source=piece)
+    if colon and not argument:
+        raise UnknownDrafterError(f"Unknown drafter {piece!r}: nothing follows ':'. Known: {known_names()}.")
     if kind is not None:
         try:
             return Part(kind, kind.options.from_argument(argument if colon else ""))

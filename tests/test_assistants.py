@@ -32,7 +32,7 @@ def test_model_free_names_need_no_download():
     assert isinstance(as_drafter("default", target=target), NgramDrafter)  # for any target but the default one
 
 
-@pytest.mark.parametrize("name", ["nonsense", "default-drafter", "medusa-please", "ngram+nonsense"])
+@pytest.mark.parametrize("name", ["nonsense", "default-drafter", "medusa-please", "ngram+nonsense", "self:", "distilled:"])
 def test_an_unknown_name_fails_fast_and_lists_the_known_names(name, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target = tiny_llama()
