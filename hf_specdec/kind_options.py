@@ -31,8 +31,9 @@ def option(default, help: str, *, config: str | None = None, decoding: bool = Fa
            parse: Callable[[str], object] | None = None, required: bool = False):
     """A field of a kind's options. `parse` turns the field's text into what the drafter takes (a name's ':arg' and
     its flag are text); `required`: a name must carry the argument (`"layers:N"`)."""
-    return field(default=default, metadata={"help": help, ROLE: {"config": config, "decoding": decoding or argument,
-                                                                 "argument": argument, "parse": parse, "required": required}})
+    role = {"config": config, "decoding": decoding or argument, "argument": argument, "parse": parse,
+            "required": required}
+    return field(default=default, metadata={"help": help, ROLE: role})
 
 
 ROLE = "hf_specdec"  # the metadata key of what a field serves (`help` is argparse's)
@@ -147,8 +148,9 @@ class KindOptions:
 
 def check_ranges(options, positive=(), non_negative=()) -> None:
     """An `InputError` naming every option out of its range (a kind's `check`)."""
-    bad = [f"--{n.replace('_', '-')} must be >= 1 (got {getattr(options, n)})" for n in positive if getattr(options, n) < 1]
-    bad += [f"--{n.replace('_', '-')} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    bad = [f"{flag(n)} must be >= 1 (got {getattr(options, n)})" for n in positive if getattr(options, n) < 1]
+    bad += [f"{flag(n)} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
     if bad:
         raise InputError("; ".join(bad) + ".")
 

@@ -141,5 +141,5 @@ def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name
         adapters.parse_options(MedusaOptions, ["--tree", "bushy"], "medusa")
     with pytest.raises(InputError, match=r"a fine-tune keeps the drafter's shape, so --medusa-heads cannot change it "
                                          r"\(its config.json: num_heads=3\)"):
-        adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-heads", "2"])
+        adapters.adapter_for(str(tmp_path / "heads"), ["--medusa_heads=2"])
     assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-decay", "0.5"])[0].options.medusa_decay == 0.5

@@ -66,8 +66,8 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
     if kind is None or not kind.training:
         raise InputError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
                          f"({', '.join(kinds)}).")
-    given = [(flag, attribute) for flag, attribute in kind.options.config_flags().items()
-             if any(a == flag or a.startswith(flag + "=") for a in argv or [])]
+    passed = {a.split("=")[0].replace("_", "-") for a in argv or [] if a.startswith("--")}  # (--a_b is --a-b)
+    given = [(flag, attribute) for flag, attribute in kind.options.config_flags().items() if flag in passed]
     if given:  # a fine-tune keeps the drafter's shape: say so rather than train another shape than asked
         raise InputError(f"--drafter {drafter}: a fine-tune keeps the drafter's shape, so "
                          f"{', '.join(flag for flag, _ in given)} cannot change it (its config.json: "

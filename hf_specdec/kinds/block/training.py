@@ -18,11 +18,10 @@ class BlockTraining(Eagle3Training):
     mask positions, each trained on the token it proposes in decoding (`BlockDrafterModel.block_inputs`: one forward,
     a 4-D mask). Position r of the block weighs decay**r (`--position-decay`)."""
 
-
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = BlockDrafterConfig.from_target(
-            target.config, draft_vocab_size=draft_vocab, **self.options.config_fields(), target_name_or_path=target_name, target_quantization=args.target_quantization,
-            num_draft_tokens_eval=args.num_draft_tokens)
+            target.config, draft_vocab_size=draft_vocab, **self.options.config_fields(), target_name_or_path=target_name,
+            target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens)
         return self.kind.model_class(config)
 
     def logits(self, model, batch):

@@ -21,7 +21,8 @@ class DFlashOptions(TreeOptions):
     block_size: int = option(8, "block positions per drafter forward (the newest token, then block_size - 1 masks: the "
                              "longest draft)", config="block_size")
     dflash_layers: int = option(1, "decoder layers of a new drafter", config="num_hidden_layers")
-    target_layers: str = option("", "the target layers whose outputs are its context, e.g. '1,13,25'; default: 1, N/2, N-2",
+    target_layers: str = option("", "the target layers whose outputs are its context, e.g. '1,13,25'; default: 1, "
+                                "N/2, N-2",
                                 config="target_layer_ids", parse=layer_list)
     mask_token_id: int = option(-1, "the token id of the mask positions; -1: the target's pad token (else its last id)",
                                 config="mask_token_id")

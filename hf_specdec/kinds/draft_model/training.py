@@ -20,7 +20,8 @@ class TokenTraining(Adapter):
         o = self.options
         config = drafter_config_from_target(
             target.config, **o.config_fields(), draft_vocab_size=draft_vocab, target_name_or_path=target_name,
-            target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens, target_feature_input=self.reads_target_features)
+            target_quantization=args.target_quantization, num_draft_tokens_eval=args.num_draft_tokens,
+            target_feature_input=self.reads_target_features)
         drafter = SpecDrafterForCausalLM(config)
         if o.init_from_target:
             init_from_target(drafter, target_folder)

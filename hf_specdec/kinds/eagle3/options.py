@@ -20,7 +20,8 @@ def three_layers(text: str) -> list[int] | None:
 class LayerOptions(KindOptions):
     target_layers: str = option("", "the three target layers whose entering hidden states it fuses, e.g. '2,15,27'; "
                                 "default: 2, N/2, N-3", config="target_layer_ids", parse=three_layers)
-    drafter_intermediate_size: int = option(0, "its MLP width; 0: the target's", config="intermediate_size", parse=or_none)
+    drafter_intermediate_size: int = option(0, "its MLP width; 0: the target's", config="intermediate_size",
+                                            parse=or_none)
 
     def check(self):
         super().check()
@@ -29,7 +30,8 @@ class LayerOptions(KindOptions):
 
 @dataclass
 class Eagle3Options(LayerOptions):
-    ttt_steps: int = option(3, "training-time-test passes (pass r trains the r-th token drafted ahead, on its own states)")
+    ttt_steps: int = option(3, "training-time-test passes (pass r trains the r-th token drafted ahead, on its own "
+                            "states)")
     ttt_decay: float = option(0.8, "loss weight of pass r is decay**r")
     ttt_one_pass_steps: int = option(0, "the first N steps train one pass only (about 3.6x cheaper a step on a CPU, and "
                                      "at equal time the first draft learns faster), then all --ttt-steps")

@@ -29,7 +29,8 @@ class Eagle3Training(Adapter):
     def layer_ids(self, target_config, folder: str | None) -> list[int]:
         if folder is not None:
             return list(json.loads((Path(folder) / "config.json").read_text())["target_layer_ids"])
-        return self.options.value("target_layers") or Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
+        chosen = self.options.value("target_layers")  # None: the target's low, middle and high layers
+        return chosen or Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
 
     def check(self, args, folder):
         try:  # the target's config only (a target that cannot load is refused by its loading, with its own message)
