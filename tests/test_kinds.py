@@ -143,3 +143,4 @@ def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name
                                          r"\(its config.json: num_heads=3\)"):
         adapters.adapter_for(str(tmp_path / "heads"), ["--medusa_heads=2"])
     assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-decay", "0.5"])[0].options.medusa_decay == 0.5
+    assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-heads", "3"])[0].options.medusa_heads == 3  # its own

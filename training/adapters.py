@@ -66,14 +66,17 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
     if kind is None or not kind.training:
         raise InputError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
                          f"({', '.join(kinds)}).")
+    adapter = load_adapter(kind, argv)
     passed = {a.split("=")[0].replace("_", "-") for a in argv or [] if a.startswith("--")}  # (--a_b is --a-b)
-    given = [(flag, attribute) for flag, attribute in kind.options.config_flags().items() if flag in passed]
-    if given:  # a fine-tune keeps the drafter's shape: say so rather than train another shape than asked
+    chosen = adapter.options.config_fields()  # (None: the target's own, which the folder's value may well be)
+    changed = [(flag, attribute) for flag, attribute in kind.options.config_flags().items()
+               if flag in passed and chosen[attribute] is not None and chosen[attribute] != config.get(attribute)]
+    if changed:  # a fine-tune keeps the drafter's shape: say so rather than train another shape than asked
         raise InputError(f"--drafter {drafter}: a fine-tune keeps the drafter's shape, so "
-                         f"{', '.join(flag for flag, _ in given)} cannot change it (its config.json: "
-                         f"{', '.join(f'{a}={config.get(a)!r}' for _, a in given)}); drop them, or train a new "
+                         f"{', '.join(flag for flag, _ in changed)} cannot change it (its config.json: "
+                         f"{', '.join(f'{a}={config.get(a)!r}' for _, a in changed)}); drop them, or train a new "
                          f"drafter with --drafter {kind.name}.")
-    return load_adapter(kind, argv), drafter
+    return adapter, drafter
 
 
 def load_adapter(kind: DrafterKind, argv: list[str] | None = None) -> "Adapter":

@@ -25,7 +25,7 @@ class DFlashOptions(TreeOptions):
                                 "N/2, N-2",
                                 config="target_layer_ids", parse=layer_list)
     mask_token_id: int = option(-1, "the token id of the mask positions; -1: the target's pad token (else its last id)",
-                                config="mask_token_id")
+                                config="mask_token_id", parse=lambda value: value if value >= 0 else None)
     block_anchors: int = option(16, "blocks trained per sequence per step")
     position_decay: float = option(0.8, "loss weight of block slot i is decay**(i - 1)")
 
