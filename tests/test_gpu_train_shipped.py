@@ -128,3 +128,24 @@ def test_a_second_sitting_keeps_the_answers_and_continues_the_training(tiny_run)
     assert summary["stages"]["training"]["kinds"]["new"]["steps"] > before["new"]
     log = (work / "runs" / f"new-n{summary['stages']['answers']['num_generate']}" / "training_log.jsonl").read_text()
     assert '"event": "resume", "checkpoint"' in log
+
+
+def test_each_kinds_options_continue_a_larger_sets_run_from_the_previous_best(tmp_path):
+    """A larger answer set starts from the previous run's best drafter (`--drafter FOLDER` with the kind's options):
+    the trainer takes the kind's shape flags there when they match the folder (it refuses only a change of shape)."""
+    from benchmarks.gpu.train_shipped import KIND_OPTIONS
+    from hf_specdec.kinds.block import BlockDrafterConfig, BlockDrafterModel
+    from hf_specdec.kinds.draft_model import SpecDrafterForCausalLM, drafter_config_from_target
+    from hf_specdec.kinds.eagle3 import Eagle3Config, Eagle3DraftModel
+    from training import adapters
+    from training.arguments import parse_args
+
+    target = tiny_llama()
+    made = {"new": SpecDrafterForCausalLM(drafter_config_from_target(target.config, num_hidden_layers=2)),
+            "eagle3": Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0)),
+            "block": BlockDrafterModel(BlockDrafterConfig.from_target(target.config, draft_vocab_size=0))}
+    for kind, options in KIND_OPTIONS.items():
+        made[kind].save_pretrained(tmp_path / kind)
+        args, rest = parse_args(["--drafter", str(tmp_path / kind), *options])  # (as distill.py parses them)
+        adapter, folder = adapters.adapter_for(args.drafter, rest)
+        assert folder == str(tmp_path / kind) and adapter.kind.name == ("draft-model" if kind == "new" else kind)
