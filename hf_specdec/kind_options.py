@@ -146,11 +146,16 @@ class KindOptions:
         return {f.name: self.value(f.name) for f in fields(self) if _role(f).get("decoding")}
 
 
-def check_ranges(options, positive=(), non_negative=()) -> None:
-    """An `InputError` naming every option out of its range (a kind's `check`)."""
+def range_errors(options, positive=(), non_negative=()) -> list[str]:
+    """What is out of its range among these fields of `options` (a dataclass of flags), one phrase each."""
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     bad = [f"{flag(n)} must be >= 1 (got {getattr(options, n)})" for n in positive if getattr(options, n) < 1]
-    bad += [f"{flag(n)} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
+    return bad + [f"{flag(n)} must be >= 0 (got {getattr(options, n)})" for n in non_negative if getattr(options, n) < 0]
+
+
+def check_ranges(options, positive=(), non_negative=()) -> None:
+    """An `InputError` naming every option out of its range (a kind's `check`)."""
+    bad = range_errors(options, positive, non_negative)
     if bad:
         raise InputError("; ".join(bad) + ".")
 
@@ -166,4 +171,4 @@ class TreeOptions(KindOptions):
     tree: str = option("chain", TREE_HELP, argument=True, parse=tree_shape)
 
 
-__all__ = ["KindOptions", "TreeOptions", "TREE_HELP", "option", "check_ranges", "positive_int", "or_none", "tree_shape"]
+__all__ = ["KindOptions", "TreeOptions", "TREE_HELP", "option", "check_ranges", "range_errors", "positive_int", "or_none", "tree_shape"]

@@ -11,6 +11,7 @@ from typing import Literal
 from transformers import HfArgumentParser
 
 from hf_specdec.errors import InputError
+from hf_specdec.kind_options import range_errors
 
 #: the distillation losses (training/losses.py)
 LOSSES = ("fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid", "ce")
@@ -120,8 +121,7 @@ def parse_args(argv=None) -> tuple[Args, list[str]]:
     options class, parsed once the kind is known) or mistakes, which that parse names."""
     parser = ArgumentParser(Args, epilog=KIND_OPTIONS_HELP)
     args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    bad = [f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})" for name in POSITIVE if getattr(args, name) < 1]
-    bad += [f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})" for name in NON_NEGATIVE if getattr(args, name) < 0]
+    bad = range_errors(args, POSITIVE, NON_NEGATIVE)
     if not 0 <= args.on_policy_ratio <= 1:
         bad.append(f"--on-policy-ratio must lie in [0, 1] (got {args.on_policy_ratio})")
     if args.learning_rate <= 0:
