@@ -83,6 +83,27 @@ def test_unknown_assistant_type_lists_what_is_accepted(pair):
     still_works(target, drafter)
 
 
+def test_enabled_model_takes_both_routes_at_once_but_no_foreign_loop(pair):
+    """README shows enable() + assistant= and custom_generate=speculative_generate: together they are one route."""
+    target, drafter = pair
+    hf_specdec.enable(target)
+    try:
+        stats = hf_specdec.SpeculationStats()
+        out = target.generate(PROMPT, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=10,
+                              do_sample=False, num_draft_tokens=3, speculation_stats=stats)
+        assert stats.target_forwards < 10 and stats.accepted_tokens > 0  # it speculated
+        assert torch.equal(out, target.generate(PROMPT, max_new_tokens=10, do_sample=False))
+
+        def foreign(model, *args, **kwargs):
+            raise AssertionError("must be refused before it runs")
+
+        with pytest.raises(ValueError, match="cannot go with custom_generate=.*drop one"):
+            target.generate(PROMPT, custom_generate=foreign, assistant=drafter, max_new_tokens=5)
+    finally:
+        hf_specdec.disable(target)
+    still_works(target, drafter)
+
+
 def test_missing_assistant(pair):
     target, drafter = pair
     with pytest.raises(ValueError, match="pass `assistant=`"):

@@ -23,8 +23,10 @@ def enable(model):
     def generate(*args, assistant=None, **kwargs):
         if assistant is None:
             return original(*args, **kwargs)
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError("Pass either `assistant=` or `custom_generate=`, not both.")
+        custom = kwargs.pop("custom_generate", None)
+        if custom is not None and custom is not speculative_generate:  # hf_specdec's own loop: either route is fine
+            raise ValueError(f"`assistant=` runs hf_specdec's loop, so it cannot go with custom_generate={custom!r}: "
+                             "drop one of them (or pass custom_generate=hf_specdec.speculative_generate).")
         if kwargs.get("assistant_model") is not None:
             raise ValueError("Pass either `assistant=` (hf_specdec) or `assistant_model=` (transformers), not both.")
         if model.config.is_encoder_decoder:
