@@ -22,7 +22,7 @@ from .models.borrowed import bind_if_borrowing
 from .default_model import is_hub_id
 from .names import UnknownDrafterError, known_names
 from .kinds import loading_kinds
-from .registry import kind_of
+from .registry import kind_of, published_reader
 from .shipped import shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
@@ -51,6 +51,12 @@ class AutoDrafter:
             raise UnknownDrafterError(f"Could not read the drafter {source!r} ({str(error).splitlines()[0]}). "
                                       f"Known names: {known_names()}.") from error
         kind = kind_of(config)
+        read_published = published_reader()  # (None in a custom_generate/ copy: it loads its own folder's drafter)
+        if read_published is not None and (kind is None or kind.config_class is None):  # (a published layout may
+            hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}                       # say "llama": asked first)
+            model = read_published(source, config, target, dtype=kwargs.get("dtype"), **hub)
+            if model is not None:
+                return model
         if kind is None:
             kinds = "; ".join(f"{k.name}: {k.description}" + (f" (model_type {k.config_class.model_type!r})"
                                                                if k.config_class is not None else "")

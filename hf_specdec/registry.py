@@ -46,6 +46,8 @@ class DrafterKind:
     options: type = KindOptions  # its options (kind_options.py): trainer flags, config fields, drafter keywords, ':arg'
     by_class: bool = False  # its models have no config of their own (transformers' MTP layers are built from the
     #   target's): a model is of this kind by its class, a config never is
+    formats: tuple = ()  # other projects' layouts of its drafters it reads (and writes): "module:NAME" of each
+    #   `hf_specdec.formats.PublishedFormat` instance
 
     @property
     def hub_tag(self) -> str:
@@ -142,6 +144,19 @@ def kind_classes() -> dict[str, type]:
             if isinstance(cls, type) and cls.__module__.startswith("hf_specdec.kinds.")}
 
 
+def published_formats() -> list:
+    """Every registered kind's readers of other projects' layouts (`hf_specdec.formats`), imported at first use."""
+    if not __name__.startswith("hf_specdec."):  # (a custom_generate/ copy decodes its own folder's drafter only)
+        return []
+    return [resolved(spec) for kind in _registered().values() for spec in kind.formats]
+
+
+def published_reader() -> Callable | None:
+    """`hf_specdec.formats.read_published`, imported by name (so that a custom_generate/ copy, which loads its own
+    folder's drafter, carries none of the formats), or None in such a copy."""
+    return resolved("hf_specdec.formats:read_published") if __name__.startswith("hf_specdec.") else None
+
+
 def export_formats() -> dict[str, DrafterKind]:
     """Every export format, and the kind it exports."""
     return {fmt: kind for kind in _registered().values() for fmt in kind.exporters}
@@ -214,4 +229,4 @@ register_drafter_kind(DrafterKind("layers", options=LayersOptions, description="
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.for_target"))
 
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model",
-           "kind_classes", "export_formats", "drafter_config", "resolved"]
+           "kind_classes", "export_formats", "published_formats", "drafter_config", "resolved"]

@@ -123,7 +123,7 @@ def test_eagle3_round_trip_and_clear_errors(tmp_path, one_thread):
         Eagle3DraftModel.from_pretrained(tmp_path).bind_target(tiny_llama(vocab=20, layers=4))
     with pytest.raises(ValueError, match="reads target layers .* only 2"):
         Eagle3DraftModel.from_pretrained(tmp_path).bind_target(tiny_llama(vocab=16, layers=2))
-    with pytest.raises(ValueError, match="three target layers"):
-        Eagle3Config(target_layer_ids=[0, 1, 2])
+    with pytest.raises(ValueError, match="target layers in 0..N"):
+        Eagle3Config(target_layer_ids=[-1, 1, 2])
     with pytest.raises(TypeError, match="Eagle3DraftModel"):
         Eagle3Drafter(target)

@@ -449,7 +449,8 @@ def test_export_vllm_eagle3_matches_vllms_eagle3_loader(world, tmp_path):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
     assert (config["vocab_size"], config["draft_vocab_size"], config["hidden_size"]) == (VOCAB, 48, 48)
     assert config["num_hidden_layers"] == 1 and config["target_hidden_size"] == 48
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 1] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 1]  # vLLM's: the state entering layer i
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 0, 0]  # SGLang's: the output of layer i
     expected = {"fc.weight": (48, 144), "norm.weight": (48,), "lm_head.weight": (48, 48), "d2t": (48,), "t2d": (VOCAB,),
                 **{k.replace("layers.0.", "midlayer."): v for k, v in llama_layer_shapes("", [0]).items()},
                 "midlayer.hidden_norm.weight": (48,)}

@@ -40,9 +40,10 @@ def decoder_layers(model) -> nn.ModuleList:
 
 def entering_layers(model, layer_ids) -> list[nn.Module]:
     """The modules whose outputs are the hidden states ENTERING these decoder layers (i in 1..N: layer i - 1's output,
-    the residual stream before layer i; i = N is the last layer's output, before the final norm), EAGLE-3's ids."""
+    the residual stream before layer i; i = N is the last layer's output, before the final norm; 0: the input
+    embeddings'), EAGLE-3's ids (transformers' `hidden_states[i]`)."""
     layers = decoder_layers(model)
-    return [layers[i - 1] for i in layer_ids]
+    return [layers[i - 1] if i else model.get_input_embeddings() for i in layer_ids]
 
 
 class HiddenCapture:

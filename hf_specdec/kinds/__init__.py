@@ -25,16 +25,22 @@ register_drafter_kind(DrafterKind(
     training=f"{__name__}.draft_model.training:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
 register_drafter_kind(DrafterKind(
     "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter, options=EagleOptions,
-    matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": f"{__name__}.eagle.export:export_vllm_eagle"},
+    matches=lambda config: bool(config.target_feature_input), exporters={"vllm-eagle": f"{__name__}.eagle.formats:SAFEAILAB.write"},
+    formats=(f"{__name__}.eagle.formats:SAFEAILAB",),
     training=f"{__name__}.eagle.training:EagleTraining", description="an EAGLE-style drafter reading the target's hidden states"))
+_EAGLE3 = f"{__name__}.eagle3.formats"
 register_drafter_kind(DrafterKind(
-    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, options=Eagle3Options, exporters={"vllm-eagle3": f"{__name__}.eagle3.export:export_vllm_eagle3"},
-    training=f"{__name__}.eagle3.training:Eagle3Training", description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
+    "eagle3", Eagle3Config, Eagle3DraftModel, Eagle3Drafter, options=Eagle3Options,
+    exporters={"vllm-eagle3": f"{_EAGLE3}:LLAMA.write", "speculators": f"{_EAGLE3}:SPECULATORS.write"},
+    formats=(f"{_EAGLE3}:SPECULATORS", f"{_EAGLE3}:LLAMA"), training=f"{__name__}.eagle3.training:Eagle3Training",
+    description="an EAGLE-3-style drafter fusing the target's low, middle and high layers"))
 register_drafter_kind(DrafterKind(
-    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, options=MedusaOptions, exporters={"vllm-medusa": f"{__name__}.medusa.export:export_vllm_medusa"},
+    "medusa", MedusaConfig, MedusaHeads, MedusaDrafter, options=MedusaOptions, exporters={"vllm-medusa": f"{__name__}.medusa.formats:VLLM.write", "medusa": f"{__name__}.medusa.formats:MEDUSA.write"},
+    formats=(f"{__name__}.medusa.formats:MEDUSA",),
     training=f"{__name__}.medusa.training:MedusaTraining", description="Medusa heads on the target's final hidden state"))
 register_drafter_kind(DrafterKind(
     "block", BlockDrafterConfig, BlockDrafterModel, BlockDrafter, options=BlockOptions, training=f"{__name__}.block.training:BlockTraining",
+    formats=(f"{__name__}.block.formats:SPECULATORS",), exporters={"speculators": f"{__name__}.block.formats:SPECULATORS.write"},
     description="a block drafter: one forward proposes several tokens, reading the target's fused layer states"))
 register_drafter_kind(DrafterKind(
     "causal-lm", None, AutoModelForCausalLM, DraftModelDrafter, training=f"{__name__}.draft_model.training:CausalLMTraining",

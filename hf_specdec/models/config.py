@@ -13,7 +13,9 @@ class DrafterConfig(PreTrainedConfig):
     r"""save_dtype: dtype of the weights on disk ("float16" halves the file; weights are cast back on load).
     target_name_or_path / target_quantization: the target this drafter was trained for, as deployed ("none", "8bit" or
     "4bit" bitsandbytes). num_draft_tokens_eval: the draft length k of the acceptance figures in `measured`.
-    training: how it was trained (data, loss, steps, command...). measured: what the evaluation measured."""
+    training: how it was trained (data, loss, steps, command...). measured: what the evaluation measured.
+    published: for a drafter read from another project's layout (`hf_specdec.formats`), that layout's name and its
+    original config.json, so that it saves in that layout again."""
 
     save_dtype: str | None = "float16"
     target_name_or_path: str | None = None
@@ -21,6 +23,7 @@ class DrafterConfig(PreTrainedConfig):
     num_draft_tokens_eval: int = 5
     training: dict | None = None
     measured: dict | None = None
+    published: dict | None = None
 
 
 @strict

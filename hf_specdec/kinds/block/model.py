@@ -33,12 +33,17 @@ MODEL_TYPE = "hf_specdec_block"
 class BlockDrafterConfig(Eagle3Config):
     r"""An `Eagle3Config` plus block_size: the tokens one forward proposes (the newest token's position, then
     block_size - 1 mask positions); position_accuracy[i][r]: how often position i's r-th likeliest token was the
-    target's on held-out data (written by training; what `BlockDrafter(model, tree=N)` builds its tree from)."""
+    target's on held-out data (written by training; what `BlockDrafter(model, tree=N)` builds its tree from).
+    P-EAGLE's layout (speculators' `peagle`, `formats.py` beside this file): mask_token_id: the mask positions embed
+    this token (its row of the drafter's own embeddings) instead of a vector of their own; mask_state_before_fc: their
+    state is a target-state vector (n x target hidden), fused by `fc` as real states are."""
 
     model_type = MODEL_TYPE
 
     block_size: int = 5
     position_accuracy: list | None = None
+    mask_token_id: int | None = None
+    mask_state_before_fc: bool = False
 
     def __post_init__(self, **kwargs):
         if self.block_size < 1:
@@ -57,16 +62,28 @@ class BlockDrafterModel(Eagle3DraftModel):
     def __init__(self, config: BlockDrafterConfig):
         super().__init__(config)
         scale = config.initializer_range
-        self.mask_embedding = nn.Parameter(torch.randn(config.hidden_size) * scale)
-        self.mask_state = nn.Parameter(torch.randn(config.hidden_size) * scale)
+        if config.mask_token_id is None:
+            self.mask_embedding = nn.Parameter(torch.randn(config.hidden_size) * scale)
+        width = len(config.target_layer_ids) * config.target_hidden_size if config.mask_state_before_fc else config.hidden_size
+        self.mask_state = nn.Parameter(torch.randn(width) * scale)
+
+    def mask_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mask positions' token embedding and (fused) state."""
+        if self.config.mask_token_id is None:
+            embedding = self.mask_embedding
+        else:
+            embedding = self.get_input_embeddings()(torch.tensor([self.config.mask_token_id], device=self.fc.weight.device))[0]
+        state = self.fuse(self.mask_state) if self.config.mask_state_before_fc else self.mask_state
+        return embedding, state
 
     def forward(self, input_ids, target_features, is_mask: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         if is_mask is None:
             return super().forward(input_ids, target_features, **kwargs)
         embeds = self.get_input_embeddings()(input_ids.masked_fill(is_mask, 0)).to(self.fc.weight.dtype)
         where = is_mask[..., None]
-        embeds = torch.where(where, self.mask_embedding.to(embeds.dtype), embeds)
-        states = torch.where(where, self.mask_state.to(embeds.dtype), target_features.to(embeds.dtype))
+        mask_embedding, mask_state = self.mask_inputs()
+        embeds = torch.where(where, mask_embedding.to(embeds.dtype), embeds)
+        states = torch.where(where, mask_state.to(embeds.dtype), target_features.to(embeds.dtype))
         return super().forward(input_ids, states, inputs_embeds=embeds, **kwargs)
 
     def block_inputs(self, input_ids, target_features, anchors: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:

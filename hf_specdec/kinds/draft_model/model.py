@@ -46,12 +46,19 @@ class SpecDrafterConfig(LlamaLayerConfig):
     target_feature_input: EAGLE-style drafter: each position's input is its token embedding fused with the TARGET's
         final hidden state at the previous position (`target_features`); while drafting ahead the drafter feeds its
         own output hidden state instead. `hf_specdec.drafters.EagleDrafter` runs such drafters.
+    fuse_bias, first_input_norm, final_norm, own_embeddings: the layout of SafeAILab's EAGLE-1/2 drafters, which
+        `kinds/eagle/formats.py` reads (a bias on the fusing layer, no input norm on the first layer, no final norm,
+        embeddings of their own); hf_specdec's own have no bias, both norms, and borrow the target's embeddings.
     """
 
     model_type = MODEL_TYPE
 
     draft_vocab_size: int | None = 0
     target_feature_input: bool = False
+    fuse_bias: bool = False
+    first_input_norm: bool = True
+    final_norm: bool = True
+    own_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
         if self.draft_vocab_size and not 0 < self.draft_vocab_size <= self.vocab_size:
@@ -76,11 +83,15 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
 
     def __init__(self, config: SpecDrafterConfig):
         super().__init__(config)
-        self.embed_tokens = BorrowedEmbedding()
+        self.embed_tokens = (nn.Embedding(config.vocab_size, config.hidden_size) if config.own_embeddings
+                             else BorrowedEmbedding())
         # EAGLE-style: [token embedding ; target feature of the previous position] -> hidden size
-        self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.target_feature_input else None
+        self.fuse = (nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fuse_bias)
+                     if config.target_feature_input else None)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if not config.first_input_norm:  # (SafeAILab's EAGLE: the fused input goes into attention as it is)
+            self.layers[0].input_layernorm = nn.Identity()
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps) if config.final_norm else nn.Identity()
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.post_init()
@@ -95,7 +106,7 @@ class SpecDrafterModel(SpecDrafterPreTrainedModel):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden = inputs_embeds.to(self.norm.weight.dtype)
+        hidden = inputs_embeds.to(self.layers[0].mlp.down_proj.weight.dtype)
         if self.fuse is not None:
             if target_features is None or target_features.shape[:-1] != hidden.shape[:-1]:
                 raise ValueError(
@@ -145,7 +156,8 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, BorrowsFromTarget, Gene
                 f"This drafter proposes ids of a {self.config.vocab_size}-token vocabulary but the target has "
                 f"{text.vocab_size}: it was trained for another target ({self.config.target_name_or_path!r})."
             )
-        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        embed = self.model.embed_tokens if self.config.own_embeddings else target.get_input_embeddings()
+        head = target.get_output_embeddings()
         if embed is None or head is None or getattr(head, "weight", None) is None:
             raise ValueError(f"The target {type(target).__name__} exposes no input embeddings / LM head to borrow.")
         if not head.weight.is_floating_point():
@@ -160,7 +172,8 @@ class SpecDrafterForCausalLM(SpecDrafterPreTrainedModel, BorrowsFromTarget, Gene
         if head.weight.shape[0] < self.config.vocab_size:
             raise ValueError(f"The target's LM head has {head.weight.shape[0]} rows, fewer than its vocabulary.")
         link = TargetLink(target)
-        self.model.embed_tokens.link = link
+        if isinstance(self.model.embed_tokens, BorrowedEmbedding):
+            self.model.embed_tokens.link = link
         self.lm_head.link = link
         self.lm_head._rows = None
         return self
