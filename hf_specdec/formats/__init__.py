@@ -84,6 +84,20 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
     return model
 
 
+def write_published(model, folder) -> None:
+    """`model` in the layout it was read from (`config.published`), in that checkpoint's dtype, into `folder`."""
+    from ..models.borrowed import bound_target
+    from ..registry import published_formats
+
+    name, original = model.config.published["format"], model.config.published.get("config") or {}
+    fmt = next((fmt for fmt in published_formats() if fmt.name == name), None)
+    if fmt is None:
+        raise InputError(f"This drafter was read from the {name!r} layout, which no registered kind writes.")
+    dtype = original.get("dtype") or original.get("torch_dtype")
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) and hasattr(torch, dtype) else model.dtype
+    fmt.write(model, bound_target(model), folder, dtype)
+
+
 def check_target_name(model, target) -> None:
     """Warn when the target's name differs from the one the checkpoint names (fine-tunes and quantized copies keep
     their own names, so shapes decide; they were checked when the drafter bound)."""
@@ -95,4 +109,4 @@ def check_target_name(model, target) -> None:
                       stacklevel=3)
 
 
-__all__ = ["PublishedFormat", "Checkpoint", "read_published", "check_target_name"]
+__all__ = ["PublishedFormat", "Checkpoint", "read_published", "write_published", "check_target_name"]

@@ -31,6 +31,15 @@ class BorrowsFromTarget:
         raise NotImplementedError
 
 
+def bound_target(model) -> PreTrainedModel | None:
+    """The target a drafter is bound to (by any of its modules' links), or None."""
+    for module in model.modules():
+        link = getattr(module, "link", None) or module.__dict__.get("_target")
+        if isinstance(link, TargetLink):
+            return link.target
+    return None
+
+
 def bind_if_borrowing(model, target: PreTrainedModel):
     """`model`, bound to `target` when it borrows from it."""
     return model.bind_target(target) if isinstance(model, BorrowsFromTarget) else model
@@ -124,4 +133,5 @@ class BorrowedLMHead(nn.Module):
 
 
 
-__all__ = ["TargetNotBoundError", "NOT_BOUND", "TargetLink", "BorrowedEmbedding", "BorrowedLMHead"]
+__all__ = ["TargetNotBoundError", "NOT_BOUND", "TargetLink", "BorrowedEmbedding", "BorrowedLMHead", "bound_target",
+           "bind_if_borrowing"]

@@ -16,9 +16,13 @@ IN_PACKAGE = __name__.startswith("hf_specdec.")
 
 
 class DrafterSaving:
-    """`save_pretrained` for drafter models: their own weights only, in `config.save_dtype`, and `custom_generate/`."""
+    """`save_pretrained` for drafter models: their own weights only, in `config.save_dtype`, and `custom_generate/`;
+    a drafter read from another project's layout (`config.published`) is written in that layout again."""
 
     def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
+        published = getattr(self.config, "published", None)
+        if IN_PACKAGE and published and (args[0] if args else kwargs.get("is_main_process", True)):
+            return importlib.import_module("hf_specdec.formats").write_published(self, save_directory)
         if state_dict is None and self.config.save_dtype:
             dtype = getattr(torch, self.config.save_dtype)
             state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}

@@ -38,6 +38,14 @@ def randomized(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module.eval()
 
 
+def saved(model, folder: Path) -> None:
+    """The peer's own save_pretrained, less the copy of its config class's source it leaves beside the config
+    (`auto_map`): the project never runs a checkpoint's code, and keeps no copy of theirs."""
+    model.save_pretrained(folder)
+    for source in folder.glob("*.py"):
+        source.unlink()
+
+
 def reference(folder: Path, **tensors) -> None:
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "reference.safetensors"))
 
@@ -74,7 +82,7 @@ def speculators_eagle3(name: str, *, seed: int, qwen3=False, draft_vocab=V, laye
         t2d[kept] = True
         model.load_vocab_mappings(t2d, kept - torch.arange(draft_vocab))
     folder = OUT / name
-    model.save_pretrained(folder)
+    saved(model, folder)
     g = torch.Generator().manual_seed(seed + 2)
     states = torch.randn(1, L, len(layer_ids) * H, generator=g)
     ids = torch.randint(0, V, (1, L), generator=g)
@@ -106,7 +114,7 @@ def speculators_peagle(name: str, *, seed: int, depths=4, layer_ids=(1, 2, 4), *
                                     eagle_aux_hidden_state_layer_ids=list(layer_ids), speculators_config=spec, **flags)
     model = randomized(PEagleDraftModel(config), seed)
     folder = OUT / name
-    model.save_pretrained(folder)
+    saved(model, folder)
     g = torch.Generator().manual_seed(seed + 2)
     states = torch.randn(1, L, len(layer_ids) * H, generator=g)
     ids = torch.randint(0, V, (1, L), generator=g)

@@ -141,6 +141,7 @@ class SpeculatorsEagle3(PublishedFormat):
                 self.algorithm, getattr(c, "block_size", c.num_draft_tokens_eval), c.target_name_or_path,
                 [type(target).__name__] if target is not None else [], (c.published or {}).get("config")),
             "dtype": str(dtype).removeprefix("torch."),
+            **{k: v for k, v in ((c.published or {}).get("config") or {}).items() if k == "speculators_version"},
             **self.extra_written(model, tensors)}
         if c.target_hidden_size != c.hidden_size:
             raise InputError(f"speculators' EAGLE-3 fuses states of its own width ({c.hidden_size}); this drafter's "
