@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .auto_drafter import AutoDrafter
-from .registry import export_formats, kind_of, resolved as exporter
+from .registry import export_formats, kind_of, kind_of_folder, resolved as exporter
 from .shipped import shipped_folder
 from .errors import InputError
 from .serving import TOKENIZER_FILES
@@ -34,8 +34,9 @@ def check_exportable(drafter_path, format: str, config=None) -> None:
         if not (Path(folder) / "config.json").is_file():
             raise InputError(f"{drafter_path} holds no config.json: pass a drafter folder (written by save_pretrained or "
                              "training.distill), a shipped drafter's name or a Hub id.")
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    kind = kind_of(config)
+        kind = kind_of_folder(folder, json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+    else:
+        kind = kind_of(config)
     if kind is None:
         raise InputError(f"{drafter_path} is not a drafter of any kind hf_specdec knows; pass a drafter folder.")
     if not kind.exporters:

@@ -120,6 +120,17 @@ def kind_of(config) -> DrafterKind | None:
                 next((kind for kind in kinds if kind.config_class is None and kind.accepts(config)), None))
 
 
+def kind_of_folder(source, config: dict) -> DrafterKind | None:
+    """The kind of a saved drafter's config, or of the kind another project's layout there maps onto
+    (`hf_specdec.formats`), or None."""
+    kind = kind_of(config)
+    if (kind is None or kind.config_class is None) and __name__.startswith("hf_specdec."):
+        found = resolved("hf_specdec.formats:published_format")(source, config)
+        if found is not None:
+            return _registered()[found.kind]
+    return kind
+
+
 def kind_of_model(model) -> DrafterKind | None:
     """The kind of a drafter model object: a kind with no config of its own (transformers' MTP layers, built from the
     target's config) by its class, any other by its config; a model that generates with an LM head whose config no
@@ -228,5 +239,5 @@ register_drafter_kind(DrafterKind("self", options=SelfOptions, description="the 
 register_drafter_kind(DrafterKind("layers", options=LayersOptions, description="an untrained draft model cut from the first N layers",
                                   build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.for_target"))
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_model",
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_folder", "kind_of_model",
            "kind_classes", "export_formats", "published_formats", "drafter_config", "resolved"]

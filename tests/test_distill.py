@@ -424,6 +424,34 @@ def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path
                      "--out", str(tmp_path / "vllm")]) == 0
 
 
+def test_a_published_speculators_drafter_fine_tunes_and_keeps_its_layout(world, tmp_path):
+    """--drafter FOLDER in speculators' EAGLE-3 layout (its flags: a norm before fc, the normed output fed back, a
+    sliding window, embeddings of its own): the fine-tune trains it on the target's answers and writes speculators'
+    layout again, which loads as it did and decodes exactly."""
+    from hf_specdec.kinds.eagle3.formats import SPECULATORS
+
+    target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
+    config = hf_specdec.Eagle3Config.from_target(target.config, draft_vocab_size=64, target_layer_ids=[1, 2, 2],
+                                                 fc_input_norm="joint", feed_back_normed=True, attention_windows=[16],
+                                                 own_embeddings=True)
+    published = hf_specdec.Eagle3DraftModel(config)
+    with torch.no_grad():
+        published.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    published.set_draft_vocab(torch.arange(32, 96), target)
+    SPECULATORS.write(published.bind_target(target), target, tmp_path / "published", torch.float32)
+    out = tmp_path / "tuned"
+    summary = run_in_process(cli(world, out, drafter=tmp_path / "published", ttt_steps=2, max_steps=20, eval_every=20,
+                                 save_every=10, learning_rate=1e-2))
+    assert_evaluated_speculatively(summary["best"])
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["speculators_model_type"] == "eagle3" and saved["norm_before_fc"] and saved["norm_output"]
+    assert saved["transformer_layer_config"]["sliding_window"] == 16 and not (out / "custom_generate").exists()
+    drafter = hf_specdec.AutoDrafter.from_pretrained(out, target=target)
+    assert drafter.config.published["format"] == "speculators-eagle3" and drafter.config.own_embeddings
+    assert not torch.equal(drafter.fc.weight, published.fc.weight)  # it trained
+    decode_like_plain(target, drafter, 4)
+
+
 def test_a_one_pass_schedule_trains_one_pass_first_then_all_and_resumes_on_schedule(world, tmp_path):
     """--ttt-one-pass-steps N: the first N optimisation steps run one training-time-test pass, the later ones all
     --ttt-steps; a run resumed past N goes on with all of them."""

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.auto_drafter import AutoDrafter
 from hf_specdec.cache.hidden import final_norm
 from hf_specdec.errors import InputError
-from hf_specdec.registry import DrafterKind, drafter_kinds, kind_of
+from hf_specdec.registry import DrafterKind, drafter_kinds, kind_of_folder
 from hf_specdec.models.borrowed import bind_if_borrowing
 
 from .arguments import ArgumentParser
@@ -62,7 +63,7 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
         raise InputError(f"--drafter {drafter!r} is neither a kind of drafter to train ({', '.join(['new'] + new_kinds)}) "
                          "nor a folder holding a drafter (config.json) to continue from.")
     config = json.loads(config_file.read_text())
-    kind = kind_of(config)
+    kind = kind_of_folder(drafter, config)  # (a published layout too: the fine-tune keeps it)
     if kind is None or not kind.training:
         raise InputError(f"--drafter {drafter}: its config.json is not a drafter kind the trainer knows "
                          f"({', '.join(kinds)}).")
@@ -134,8 +135,8 @@ class Adapter:
     def build(self, args, target, token_counts: torch.Tensor | None, eos: list[int], *, folder: str | None,
               target_name: str, target_folder: str):
         """The drafter to train: `folder`'s (re-bound to this target), or a new one. On the target's device."""
-        if folder is not None:
-            model = self.kind.model_class.from_pretrained(folder, dtype=torch.float32)
+        if folder is not None:  # (hf_specdec's layout, or another project's: AutoDrafter reads both)
+            model = AutoDrafter.from_pretrained(folder, target=target, dtype=torch.float32)
             if "target_name_or_path" in model.config.to_dict():
                 model.config.target_name_or_path = target_name
                 model.config.target_quantization = args.target_quantization

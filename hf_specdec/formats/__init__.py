@@ -65,7 +65,7 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
     from ..registry import published_formats
 
     checkpoint = Checkpoint(source, config, **hub)
-    found = next((fmt for fmt in published_formats() if fmt.recognises(checkpoint)), None)
+    found = published_format(source, config, **hub)
     if found is None:
         kind = config.get("speculators_model_type")
         if kind is not None:
@@ -82,6 +82,14 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
         bind_if_borrowing(model, target)
         check_target_name(model, target)
     return model
+
+
+def published_format(source, config: dict, **hub) -> PublishedFormat | None:
+    """The registered layout that recognises the checkpoint at `source` (reading its config and tensor names only)."""
+    from ..registry import published_formats
+
+    checkpoint = Checkpoint(source, config, **hub)
+    return next((fmt for fmt in published_formats() if fmt.recognises(checkpoint)), None)
 
 
 def write_published(model, folder) -> None:
@@ -109,4 +117,4 @@ def check_target_name(model, target) -> None:
                       stacklevel=3)
 
 
-__all__ = ["PublishedFormat", "Checkpoint", "read_published", "write_published", "check_target_name"]
+__all__ = ["PublishedFormat", "Checkpoint", "read_published", "published_format", "write_published", "check_target_name"]

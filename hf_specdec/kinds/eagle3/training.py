@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, DynamicCache
 
+from ...auto_drafter import AutoDrafter
 from ...cache.hidden import entering_layers
 from ...errors import InputError
 from .model import Eagle3Config
@@ -26,13 +27,20 @@ class Eagle3Training(Adapter):
 
     reads_target_features = reduced_vocabulary = True
 
-    def layer_ids(self, target_config, folder: str | None) -> list[int]:
+    def layer_ids(self, target_config, folder: str | None, target=None) -> list[int] | None:
+        """The target layers the drafter reads (None: a folder in another project's layout, which names them, or not,
+        in its own way: known once it loads with `target`)."""
         if folder is not None:
-            return list(json.loads((Path(folder) / "config.json").read_text())["target_layer_ids"])
+            saved = json.loads((Path(folder) / "config.json").read_text())
+            if "target_layer_ids" in saved:
+                return list(saved["target_layer_ids"])
+            return None if target is None else AutoDrafter.from_pretrained(folder, target=target).config.target_layer_ids
         chosen = self.options.value("target_layers")  # None: the target's low, middle and high layers
         return chosen or Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
 
     def check(self, args, folder):
+        if folder is not None and self.layer_ids(None, folder) is None:
+            return  # (a published layout: its reading refuses another target's layers when it binds)
         try:  # the target's config only (a target that cannot load is refused by its loading, with its own message)
             target_config = AutoConfig.from_pretrained(target_folder(args))
         except (OSError, ValueError):
@@ -43,7 +51,7 @@ class Eagle3Training(Adapter):
                              f"each in 1..{count} (the state entering layer i).")
 
     def feature_modules(self, target, folder):
-        ids = self.layer_ids(target.config, folder)
+        ids = self.layer_ids(target.config, folder, target)
         return entering_layers(target, ids), "layers-" + "-".join(map(str, ids))
 
     def new(self, args, target, target_name, target_folder, draft_vocab):
