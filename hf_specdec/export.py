@@ -2,7 +2,7 @@
 
     hf-specdec export runs/drafter --format vllm-draft --target default --out runs/drafter-vllm
 
-Each kind's exporter (`hf_specdec/kinds/<kind>/export.py`) writes its layout and says how to serve it; what they share
+Each kind's exporter (`hf_specdec/kinds/<kind>/formats.py`) writes its layout and says how to serve it; what they share
 is `serving.py`.
 """
 

@@ -1,6 +1,6 @@
 """What the serving-engine exports share (vLLM, SGLang: engines that know neither hf_specdec's classes nor borrowed
 weights): the target's embedding and LM-head matrices, a drafter's shape as the `LlamaConfig` the engines read, and the
-tokenizer files copied beside an export. Each kind's layout is its own `kinds/<kind>/export.py`."""
+tokenizer files copied beside an export. Each kind's layouts are its own `kinds/<kind>/formats.py`."""
 
 from __future__ import annotations
 

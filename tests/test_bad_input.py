@@ -90,7 +90,7 @@ def test_enabled_model_takes_both_routes_at_once_but_no_foreign_loop(pair):
     try:
         stats = hf_specdec.SpeculationStats()
         out = target.generate(PROMPT, custom_generate=speculative_generate, assistant=drafter, max_new_tokens=10,
-                              do_sample=False, num_draft_tokens=3, speculation_stats=stats)
+                              do_sample=False, num_draft_tokens=3, speculation_stats=stats, draft_length="constant")
         assert stats.target_forwards < 10 and stats.accepted_tokens > 0  # it speculated
         assert torch.equal(out, target.generate(PROMPT, max_new_tokens=10, do_sample=False))
 

@@ -157,7 +157,7 @@ def test_export_refuses_what_the_format_cannot_hold_before_loading(tmp_path, cap
     assert main(["export", str(plain), "--format", "vllm-draft", "--out", str(out)]) == 2
     assert "already a standalone model" in error_line(capsys)
     assert main(["export", str(plain), "--format", "gguf", "--out", str(out)]) == 2
-    assert "Unknown export format 'gguf'; choose one of ['vllm-draft'" in error_line(capsys)
+    assert "Unknown export format 'gguf'; choose one of ['medusa', 'speculators', 'vllm-draft'" in error_line(capsys)
     assert not out.exists()
 
 

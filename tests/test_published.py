@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DFlashCache
+from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
 import hf_specdec
 from hf_specdec import AutoDrafter, Eagle3DraftModel, MedusaHeads, SpeculationStats, speculative_generate
@@ -43,6 +45,7 @@ LAYOUTS = {
     "safeailab-eagle3": (Eagle3DraftModel, dict(own_embeddings=False, target_layer_ids=[2, 2, 1])),
     "safeailab-eagle1": (SpecDrafterForCausalLM, dict(fuse_bias=True, first_input_norm=False, final_norm=False)),
     "safeailab-eagle1-2layers": (SpecDrafterForCausalLM, dict(fuse_bias=False, num_hidden_layers=2, final_norm=False)),
+    "speculators-dflash": (MuseGlimmerAssistantModel, dict(block_size=4, target_layer_ids=[0, 2], mask_token_id=95)),
     "medusa1": (MedusaHeads, dict(num_heads=3, num_layers=1, share_lm_head=False)),
     "medusa2": (MedusaHeads, dict(num_heads=2, num_layers=1, share_lm_head=False)),
 }
@@ -60,10 +63,20 @@ def target_for(reference: dict):
     return target
 
 
+def drafter_target(drafter):
+    return drafter.__dict__["_test_target"]
+
+
 def first_draft_logits(drafter, ref: dict) -> torch.Tensor:
     """hf_specdec's logits for the inputs the peer was given, laid out as the peer's reference."""
     if isinstance(drafter, MedusaHeads):
         return drafter(ref["hidden"][0]).transpose(0, 1)
+    if isinstance(drafter, MuseGlimmerAssistantModel):  # the block after row `anchor`: its slots 1.. draft
+        target, anchor, size = drafter_target(drafter), int(ref["anchor"]), drafter.config.block_size
+        block = torch.cat([ref["input_ids"][:, anchor : anchor + 1], torch.full((1, size - 1), drafter.config.mask_token_id)], 1)
+        out = drafter(noise_embeds=target.get_input_embeddings()(block), context_hidden_states=ref["states"][:, :anchor],
+                      position_ids=torch.arange(anchor + size)[None], cache=DFlashCache())
+        return target.get_output_embeddings()(out.last_hidden_state[0, 1:])
     if isinstance(drafter, SpecDrafterForCausalLM):
         return drafter(input_ids=ref["input_ids"][:, 1:], target_features=ref["features"]).logits[0]
     if isinstance(drafter, BlockDrafterModel):
@@ -79,10 +92,14 @@ def first_draft_logits(drafter, ref: dict) -> torch.Tensor:
 def test_first_draft_logits_are_the_peers(name):
     model_class, expected = LAYOUTS[name]
     ref = load_file(FIXTURES / name / "reference.safetensors")
-    drafter = AutoDrafter.from_pretrained(FIXTURES / name, target=target_for(ref))
+    target = target_for(ref)
+    drafter = AutoDrafter.from_pretrained(FIXTURES / name, target=target)
+    drafter.__dict__["_test_target"] = target  # (a DFlash drafter drafts through the target's embeddings and head)
     assert type(drafter) is model_class and drafter.config.published["format"]
     assert {k: getattr(drafter.config, k) for k in expected} == expected
     expected_logits = ref["step_logits"][0] if "step_logits" in ref else ref["logits"]
+    if model_class is MuseGlimmerAssistantModel:
+        expected_logits = expected_logits[1:]  # (its anchor slot drafts nothing)
     with torch.no_grad():
         got = first_draft_logits(drafter, ref)
     scale = expected_logits.abs().max()
@@ -219,6 +236,20 @@ def test_published_drafters_decode_exactly_both_ways_in(name, tmp_path, one_thre
     check_greedy_through_enable(target, str(folder), PROMPTS[:3], depth=2, max_new_tokens=16)
 
 
+def test_a_speculators_dflash_drafter_decodes_exactly_both_ways_in(tmp_path, one_thread):
+    """A DFlash drafter trained on the target (the fixture's random one accepts nothing), written in speculators'
+    layout and loaded by folder as transformers' DFlash drafter."""
+    from hf_specdec.kinds.dflash.formats import SPECULATORS as DFLASH
+    from tests.transformers_drafters import trained_dflash
+
+    target = tiny_llama(layers=4)
+    DFLASH.write(trained_dflash(target, PROMPTS), target, tmp_path, torch.float32)
+    assert json.loads((tmp_path / "config.json").read_text())["aux_hidden_state_layer_ids"] == [1, 2]
+    assert type(AutoDrafter.from_pretrained(tmp_path, target=target)) is MuseGlimmerAssistantModel
+    check_greedy_identical(target, str(tmp_path), PROMPTS, max_new_tokens=16)
+    check_greedy_through_enable(target, str(tmp_path), PROMPTS[:3], depth=2, max_new_tokens=16)
+
+
 def test_a_published_drafter_decodes_batches_with_uneven_rows(tmp_path, one_thread):
     target = tiny_llama(layers=4)
     folder = agreeing("speculators-eagle3", tmp_path / "spec", target)
@@ -273,13 +304,15 @@ def test_the_sampling_test_fails_a_wrong_rule(sampling_folder, one_thread):
     ("specforge-eagle3", "vllm-eagle3", "vllm-eagle3"), ("speculators-eagle3", "speculators", "speculators-eagle3"),
     ("speculators-eagle3-qwen3", "speculators", "speculators-eagle3"),
     ("safeailab-eagle3", "speculators", "speculators-eagle3"), ("speculators-peagle", "speculators", "speculators-peagle"),
-    ("medusa1", "medusa", "medusa"), ("safeailab-eagle1", "vllm-eagle", "vllm-eagle")])
+    ("medusa1", "medusa", "medusa"), ("safeailab-eagle1", "vllm-eagle", "vllm-eagle"),
+    ("speculators-dflash", "speculators", "speculators-dflash")])
 def test_exports_read_back_as_the_same_drafter(name, fmt, layout, tmp_path):
     ref = load_file(FIXTURES / name / "reference.safetensors")
     target = target_for(ref)
     drafter = AutoDrafter.from_pretrained(FIXTURES / name, target=target)
     resolved(kind_of_model(drafter).exporters[fmt])(drafter, target, tmp_path, torch.float32)
     back = AutoDrafter.from_pretrained(tmp_path, target=target)
+    drafter.__dict__["_test_target"] = back.__dict__["_test_target"] = target
     assert type(back) is type(drafter) and back.config.published["format"] == layout
     with torch.no_grad():
         torch.testing.assert_close(first_draft_logits(back, ref), first_draft_logits(drafter, ref))
@@ -317,6 +350,21 @@ def export_inputs(out: Path = EXPORTS) -> None:
     g = torch.Generator().manual_seed(4)
     save_file({"states": torch.randn(1, 12, 3 * 48, generator=g), "input_ids": torch.randint(0, 96, (1, 12), generator=g),
                "target_embeddings": target.model.embed_tokens.weight.detach().clone()}, str(out / "inputs.safetensors"))
+
+
+def test_a_hub_id_loads_from_the_hubs_cache(tmp_path):
+    """A Hub id goes through huggingface_hub (here its cache, offline: the Hub is unreachable from CI): the config,
+    then the weight files a layout names, each fetched as loading fetches it."""
+    snapshot = tmp_path / "models--someone--tiny-speculator.eagle3" / "snapshots" / ("0" * 40)
+    shutil.copytree(FIXTURES / "speculators-eagle3", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    ref = load_file(FIXTURES / "speculators-eagle3" / "reference.safetensors")
+    drafter = AutoDrafter.from_pretrained("someone/tiny-speculator.eagle3", target=target_for(ref), cache_dir=tmp_path,
+                                          local_files_only=True)
+    assert drafter.config.published["format"] == "speculators-eagle3"
+    with torch.no_grad():
+        torch.testing.assert_close(first_draft_logits(drafter, ref), ref["step_logits"][0], atol=1e-5, rtol=1e-5)
 
 
 # --- refusals -----------------------------------------------------------------------------------------------------
@@ -357,7 +405,7 @@ def test_flags_hf_specdec_does_not_implement_are_refused_by_name(tmp_path):
         AutoDrafter.from_pretrained(copied("specforge-eagle3", tmp_path, shiny_new_norm=True), target=target)
     with pytest.raises(InputError, match="qkv_bias"):
         AutoDrafter.from_pretrained(copied("safeailab-eagle1", tmp_path, qkv_bias=True), target=target)
-    with pytest.raises(InputError, match="speculators 'dspark' checkpoint; hf_specdec reads speculators' eagle3, peagle"):
+    with pytest.raises(InputError, match="speculators 'dspark' checkpoint; hf_specdec reads speculators' dflash, eagle3, peagle"):
         AutoDrafter.from_pretrained(copied("speculators-eagle3", tmp_path / "x", speculators_model_type="dspark"),
                                     target=target)
     with pytest.raises(InputError, match="layers are 'mistral'"):

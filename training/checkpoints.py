@@ -18,6 +18,7 @@ from hf_specdec.hub import hardware_description, push_folder, render_model_card
 from hf_specdec.hub.bundle import is_bundle
 from hf_specdec.hub.push import RUN_COMPLETE, PushError
 from hf_specdec.default_model import is_hub_id
+from hf_specdec.formats import save_in_layout
 
 from .arguments import Args, run_args_path
 from .sources import SHAREGPT_HUB_ID
@@ -184,7 +185,7 @@ def save_drafter(model, folder: Path, tokenizer=None) -> None:
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
+    save_in_layout(model, tmp)  # (a published drafter's layout is kept)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if folder.exists():
@@ -203,7 +204,7 @@ def publish_drafter(model, tokenizer, output_dir: Path, args: Args, summary: dic
     staging = output_dir / ".final.tmp"
     if staging.exists():
         shutil.rmtree(staging)
-    model.save_pretrained(staging)
+    save_in_layout(model, staging)
     tokenizer.save_pretrained(staging)
     write_model_card(staging, model.config, args, name=args.hub_model_id or args.output_dir)
     for item in sorted(staging.iterdir()):

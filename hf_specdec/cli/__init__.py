@@ -295,7 +295,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("export", help="write a drafter in the layout a serving engine (vLLM, SGLang) loads")
     p.add_argument("folder", help="a drafter folder or Hub id")
-    p.add_argument("--format", required=True,  # checked against the registered kinds' exporters (export.py)
+    p.add_argument("--format", required=True,  # checked against the registered kinds' exporters (formats.py)
                    help="vllm-draft: standalone LlamaForCausalLM (token-only drafters); vllm-<kind>: vLLM's layout of "
                         "that kind, for the kinds that export one; or a format a registered drafter kind adds (an "
                         "unknown format lists them all)")

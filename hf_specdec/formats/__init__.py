@@ -106,6 +106,15 @@ def write_published(model, folder) -> None:
     fmt.write(model, bound_target(model), folder, dtype)
 
 
+def save_in_layout(model, folder) -> None:
+    """`model.save_pretrained(folder)`, in the layout it was read from if another project's (hf_specdec's own drafter
+    classes do so themselves; transformers' own, a DFlash drafter read from speculators' layout, do not)."""
+    if (getattr(model.config, "published", None) or {}).get("format"):
+        write_published(model, folder)
+    else:
+        model.save_pretrained(folder)
+
+
 def check_target_name(model, target) -> None:
     """Warn when the target's name differs from the one the checkpoint names (fine-tunes and quantized copies keep
     their own names, so shapes decide; they were checked when the drafter bound)."""
@@ -117,4 +126,5 @@ def check_target_name(model, target) -> None:
                       stacklevel=3)
 
 
-__all__ = ["PublishedFormat", "Checkpoint", "read_published", "published_format", "write_published", "check_target_name"]
+__all__ = ["PublishedFormat", "Checkpoint", "read_published", "published_format", "write_published", "save_in_layout",
+           "check_target_name"]

@@ -26,28 +26,38 @@ class Checkpoint:
     def config(self) -> dict:
         return json.loads(self.path("config.json").read_text(encoding="utf-8"))
 
-    @cached_property
-    def files(self) -> list[str]:
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint holds this file (on the Hub: fetched into its cache, as loading would)."""
         if self.local:
-            return sorted(p.name for p in Path(self.source).iterdir() if p.is_file())
-        from huggingface_hub import list_repo_files
+            return (Path(self.source) / name).is_file()
+        if name not in self._found:
+            from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
-        hub = {k: self.hub[k] for k in ("revision", "token") if k in self.hub}
-        return sorted(name for name in list_repo_files(self.source, **hub) if "/" not in name)
+            try:
+                self._found[name] = self.path(name)
+            except (EntryNotFoundError, LocalEntryNotFoundError):
+                self._found[name] = None
+        return self._found[name] is not None
+
+    @cached_property
+    def _found(self) -> dict:
+        return {}
 
     def path(self, name: str) -> Path:
         """The local path of one file (downloaded from the Hub once, into its cache)."""
         if self.local:
             return Path(self.source) / name
+        if self._found.get(name) is not None:
+            return self._found[name]
         from huggingface_hub import hf_hub_download
 
         hub = {k: self.hub[k] for k in ("revision", "token", "cache_dir", "local_files_only", "force_download",
-                                         "proxies") if k in self.hub}
+                                         "proxies", "subfolder") if k in self.hub}
         return Path(hf_hub_download(self.source, name, **hub))
 
     def weight_files(self, names=WEIGHT_FILES) -> list[str]:
         """The files holding the weights: the first of `names` present (an index's shards included)."""
-        found = next((name for name in names if name in self.files), None)
+        found = next((name for name in names if self.has(name)), None)
         if found is None:
             return []
         if found.endswith(".index.json"):

@@ -2,9 +2,9 @@
 
 A kind's folder, `kinds/<kind>/` (as peft keeps one per method), holds `options.py` (its options: trainer flags,
 config fields, drafter keywords, a name's ':arg'), `model.py` (its config and model), `drafter.py` (how it decodes),
-`training.py` (its training adapter) and `export.py` (its serving-engine layout). Importing this
-package registers them (and their configs with transformers' Auto classes); the registry imports it at its first
-lookup.
+`training.py` (its training adapter) and `formats.py` (other projects' layouts of its drafters: vLLM's, speculators',
+SafeAILab's..., read and written: `hf_specdec/formats/`). Importing this package registers them (and their configs
+with transformers' Auto classes); the registry imports it at its first lookup.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads, MedusaOptions
 # one line a kind: its folder holds the config, model, drafter, options, exporter and training adapter named here
 register_drafter_kind(DrafterKind(
     "draft-model", SpecDrafterConfig, SpecDrafterForCausalLM, DraftModelDrafter, options=TokenOptions,
-    matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": f"{__name__}.draft_model.export:export_vllm_draft"},
+    matches=lambda config: not config.target_feature_input, exporters={"vllm-draft": f"{__name__}.draft_model.formats:export_vllm_draft"},
     training=f"{__name__}.draft_model.training:TokenTraining", description="a token-only drafter that borrows the target's embeddings"))
 register_drafter_kind(DrafterKind(
     "eagle", SpecDrafterConfig, SpecDrafterForCausalLM, EagleDrafter, options=EagleOptions,
@@ -65,7 +65,8 @@ except ImportError:
 else:
     register_drafter_kind(DrafterKind(
         "dflash", MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel, DFlashDrafter, options=DFlashOptions,
-        training=f"{__name__}.dflash.training:DFlashTraining",
+        training=f"{__name__}.dflash.training:DFlashTraining", formats=(f"{__name__}.dflash.formats:SPECULATORS",),
+        exporters={"speculators": f"{__name__}.dflash.formats:SPECULATORS.write"},
         description="a DFlash block drafter: one forward fills a block from the target's states at several layers "
                     "(transformers' speculation_type='dflash')"))
 try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # (speculators looks the verifier up; the fixtures name a made-up one)
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
@@ -138,6 +139,36 @@ def speculators_peagle(name: str, *, seed: int, depths=4, layer_ids=(1, 2, 4), *
     hook.remove()
     # logits[0][0, :L]: each row's first draft; [0, L:]: the block after row `anchor`, drafts 2..depths
     reference(folder, states=states, input_ids=ids, logits=logits[0][0], anchor=torch.tensor(anchor))
+
+
+def speculators_dflash(name: str, *, seed: int, block=4, layer_ids=(1, 3), anchor=6) -> None:
+    from transformers import Qwen3Config
+    from speculators import DFlashDraftModel, DFlashSpeculatorConfig, SpeculatorsConfig, VerifierConfig
+    from speculators.proposals import GreedyTokenProposalConfig
+
+    layer = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=2,
+                        num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=HEAD_DIM, rms_norm_eps=1e-6,
+                        max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    layer._attn_implementation = "eager"
+    spec = SpeculatorsConfig(algorithm="dflash", default_proposal_method="greedy",
+                             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block - 1)],
+                             verifier=VerifierConfig(name_or_path="tiny/llama-4-layers", architectures=["LlamaForCausalLM"]))
+    config = DFlashSpeculatorConfig(transformer_layer_config=layer, draft_vocab_size=V, block_size=block,
+                                    aux_hidden_state_layer_ids=list(layer_ids), mask_token_id=V - 1,
+                                    speculators_config=spec)
+    model = randomized(DFlashDraftModel(config), seed)  # (its embeddings and LM head: the target's, set here)
+    folder = OUT / name
+    saved(model, folder)
+    g = torch.Generator().manual_seed(seed + 2)
+    states = torch.randn(1, L, len(layer_ids) * H, generator=g)
+    ids = torch.randint(0, V, (1, L), generator=g)
+    loss_mask = torch.zeros(1, L)
+    loss_mask[0, anchor] = 1  # one block, after row `anchor`: its context is rows < anchor
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(states, ids, loss_mask, torch.zeros(1, L, H),
+                                                torch.zeros(1, L, dtype=torch.long), max_anchors=1)
+    reference(folder, states=states, input_ids=ids, logits=logits[0], anchor=torch.tensor(anchor),
+              target_embeddings=model.embed_tokens.weight, lm_head=model.lm_head.weight)
 
 
 # --- SpecForge 0.2 (LlamaForCausalLMEagle3: SafeAILab's names, which vLLM and SGLang read) ------------------------------
@@ -295,6 +326,7 @@ def main() -> None:
     speculators_eagle3("speculators-eagle3-qwen3", seed=2, qwen3=True, layers=2, layer_ids=(0, 2, 3, 4), fc_norm=True,
                        norm_before_residual=True)
     speculators_peagle("speculators-peagle", seed=3, norm_before_fc=True)
+    speculators_dflash("speculators-dflash", seed=11)
     specforge_eagle3("specforge-eagle3", seed=4, fc_norm=True)
     specforge_eagle3("specforge-eagle3-sglang", seed=5, with_embeddings=False, norm_output=False)
     specforge_eagle3("safeailab-eagle3", seed=6, safeailab_files=True)

@@ -2,7 +2,7 @@
 target's embeddings and LM head) drafting token by token with a cache of its own.
 
 The files of this kind: `options.py` (its options), `model.py` (config and model), `drafter.py` (decoding),
-`training.py` (its training adapter, loaded by `training/distill.py` only), `export.py` (its serving-engine layout)."""
+`training.py` (its training adapter, loaded by `training/distill.py` only), `formats.py` (its serving-engine layout)."""
 
 from .options import TokenOptions
 from .model import SpecDrafterConfig, SpecDrafterForCausalLM, drafter_config_from_target

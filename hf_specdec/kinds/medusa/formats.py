@@ -42,7 +42,7 @@ class FasterDecodingMedusa(PublishedFormat):
 
     def read(self, checkpoint, target=None):
         config, source = checkpoint.config, checkpoint.source
-        if any(name in checkpoint.files for name in HEAD_FILES):
+        if any(checkpoint.has(name) for name in HEAD_FILES):
             state = checkpoint.tensors(HEAD_FILES)
         else:  # Medusa-2: the whole model, its heads under medusa_head.
             state = checkpoint.tensors(prefix="medusa_head.")
