@@ -6,8 +6,9 @@ On the default target (SmolLM2-135M, fp32, this CPU), greedy, a constant draft l
 - EAGLE-3: a drafter for the target (one layer, a draft vocabulary of 8192, its LM head fitted by least squares to
   the target's answers to other dev prompts, as the tests fit theirs), as hf_specdec saves it, and read back from
   speculators' layout and from the SafeAILab / SpecForge / vLLM Llama layout;
-- Medusa: the shipped heads as hf_specdec ships them (they borrow the target's LM head), and read back from
-  FasterDecoding's Medusa-1 layout (each head carries its own copy of the LM head, as that layout does).
+- Medusa: the shipped heads as hf_specdec ships them (they borrow the target's LM head, over a reduced draft
+  vocabulary), read back from FasterDecoding's Medusa-1 layout (each head carries its own copy of the whole LM head,
+  as that layout does), and those own-head heads saved in hf_specdec's layout (the same shape natively).
 Methods are interleaved prompt by prompt; ms per step is the call's time over its target forwards.
 
     python benchmarks/published.py --json benchmarks/results/published.json
@@ -70,12 +71,17 @@ def main(argv=None) -> dict:
     LLAMA.write(eagle3, target, folder / "eagle3-llama", torch.float32)
     medusa = AutoDrafter.from_pretrained("medusa", target=target)
     MEDUSA.write(medusa, target, folder / "medusa-1", torch.float32)
+    own = AutoDrafter.from_pretrained(folder / "medusa-1", target=target)
+    own.config.published = None  # (the same heads, in hf_specdec's own layout)
+    own.config.save_dtype = "float32"
+    own.save_pretrained(folder / "medusa-own")
     methods = {
         "eagle3, hf_specdec's layout": AutoDrafter.from_pretrained(folder / "eagle3", target=target, dtype=torch.float32),
         "eagle3, from speculators' layout": AutoDrafter.from_pretrained(folder / "eagle3-speculators", target=target),
         "eagle3, from the Llama EAGLE-3 layout": AutoDrafter.from_pretrained(folder / "eagle3-llama", target=target),
         "medusa chain, as shipped": medusa,
         "medusa chain, from Medusa-1's layout": AutoDrafter.from_pretrained(folder / "medusa-1", target=target),
+        "medusa chain, own heads, hf_specdec's layout": AutoDrafter.from_pretrained(folder / "medusa-own", target=target),
     }
     for name, drafter in methods.items():
         if "medusa" in name:

@@ -116,3 +116,24 @@ def test_paired_comparison_picks_the_fastest_constant_and_brackets_the_ratio():
     assert paired_speed_ratio(fast, slow)[0] == pytest.approx(2.0)
     (line,) = adaptive_vs_best_constant({"methods": [method("plain", [3.0] * 4, 1.0), slow, fast, adaptive]})
     assert "(hf_specdec k=2): 0.968x" in line
+
+
+def test_bench_takes_a_published_drafters_folder(folders, tmp_path):
+    """`--assistant FOLDER` in another project's layout (speculators' EAGLE-3 here) benchmarks it as any drafter."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec import Eagle3Config, Eagle3DraftModel
+    from hf_specdec.kinds.eagle3.formats import SPECULATORS
+
+    root, prompts = folders
+    target = AutoModelForCausalLM.from_pretrained(root / "target")
+    drafter = Eagle3DraftModel(Eagle3Config.from_target(target.config, draft_vocab_size=0, fc_input_norm="joint",
+                                                        target_layer_ids=[1, 2]))
+    SPECULATORS.write(drafter.bind_target(target), target, tmp_path / "spec", torch.float32)
+    out = tmp_path / "report.json"
+    assert main(["bench", "--target", str(root / "target"), "--assistant", str(tmp_path / "spec"), "--prompts",
+                 str(prompts), "--num-prompts", "1", "--max-new-tokens", "8", "--num-draft-tokens", "2",
+                 "--json", str(out)]) == 0
+    methods = {m["name"]: m for m in json.loads(out.read_text())["methods"]}
+    assert methods["hf_specdec"]["identical_to_plain"] is True and len(methods["hf_specdec"]["acceptance_by_position"]) == 2

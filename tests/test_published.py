@@ -303,7 +303,7 @@ def test_the_sampling_test_fails_a_wrong_rule(sampling_folder, one_thread):
 @pytest.mark.parametrize("name, fmt, layout", [
     ("specforge-eagle3", "vllm-eagle3", "vllm-eagle3"), ("speculators-eagle3", "speculators", "speculators-eagle3"),
     ("speculators-eagle3-qwen3", "speculators", "speculators-eagle3"),
-    ("safeailab-eagle3", "speculators", "speculators-eagle3"), ("speculators-peagle", "speculators", "speculators-peagle"),
+    ("safeailab-eagle3", "vllm-eagle3", "vllm-eagle3"), ("speculators-peagle", "speculators", "speculators-peagle"),
     ("medusa1", "medusa", "medusa"), ("safeailab-eagle1", "vllm-eagle", "vllm-eagle"),
     ("speculators-dflash", "speculators", "speculators-dflash")])
 def test_exports_read_back_as_the_same_drafter(name, fmt, layout, tmp_path):
@@ -324,9 +324,7 @@ def test_the_peers_read_hf_specdecs_exports(fmt):
     read by the peers' code in make_fixtures.py: speculators' Eagle3DraftModel, SpecForge's LlamaForCausalLMEagle3),
     and the logits the peers computed with them: hf_specdec's, for the same inputs."""
     inputs = load_file(EXPORTS / "inputs.safetensors")
-    target = tiny_llama(layers=4)
-    with torch.no_grad():
-        target.model.embed_tokens.weight.copy_(inputs["target_embeddings"])
+    target = LlamaForCausalLM.from_pretrained(EXPORTS / "verifier")
     drafter = AutoDrafter.from_pretrained(EXPORTS / fmt, target=target)
     peer = load_file(EXPORTS / fmt / "peer_logits.safetensors")["logits"]
     with torch.no_grad():
@@ -340,11 +338,14 @@ def export_inputs(out: Path = EXPORTS) -> None:
     EAGLE-3 drafter (its own flags, reduced vocabulary) for the tests' tiny Llama, exported in both layouts."""
     target = tiny_llama(layers=4)
     torch.manual_seed(3)
-    config = Eagle3Config.from_target(target.config, draft_vocab_size=64, initializer_range=0.3)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=64, initializer_range=0.3,
+                                      target_layer_ids=[1, 2, 4])  # (speculators wants them distinct)
     drafter = Eagle3DraftModel(config).eval()
     drafter.set_draft_vocab(torch.arange(10, 74))
     drafter.bind_target(target)
-    shutil.rmtree(out, ignore_errors=True)
+    drafter.config.target_name_or_path = "exports/verifier"  # (speculators' from_pretrained reads its verifier:
+    shutil.rmtree(out, ignore_errors=True)                   #  make_fixtures.py runs in tests/published)
+    target.save_pretrained(out / "verifier")
     LLAMA.write(drafter, target, out / "vllm-eagle3", torch.float32)
     SPECULATORS.write(drafter, target, out / "speculators-eagle3", torch.float32)
     g = torch.Generator().manual_seed(4)
@@ -412,6 +413,21 @@ def test_flags_hf_specdec_does_not_implement_are_refused_by_name(tmp_path):
         layers = json.loads((FIXTURES / "speculators-eagle3" / "config.json").read_text())["transformer_layer_config"]
         AutoDrafter.from_pretrained(copied("speculators-eagle3", tmp_path / "y", transformer_layer_config={
             **layers, "model_type": "mistral"}), target=target)
+
+
+def test_an_export_the_layout_cannot_hold_is_refused(tmp_path):
+    ref = load_file(FIXTURES / "safeailab-eagle3" / "reference.safetensors")
+    target = target_for(ref)
+    drafter = AutoDrafter.from_pretrained(FIXTURES / "safeailab-eagle3", target=target)  # (ids 2, 2, 1: not distinct)
+    with pytest.raises(InputError, match=r"distinct target layers; this one reads \[2, 2, 1\]"):
+        SPECULATORS.write(drafter, target, tmp_path / "a", torch.float32)
+    sglang = AutoDrafter.from_pretrained(FIXTURES / "specforge-eagle3-sglang", target=target)
+    with pytest.raises(InputError, match="always norms before its LM head"):
+        SPECULATORS.write(sglang, target, tmp_path / "b", torch.float32)
+    qwen3 = AutoDrafter.from_pretrained(FIXTURES / "speculators-eagle3-qwen3", target=target)
+    with pytest.raises(InputError, match="cannot hold .*Qwen3 q/k norms, more than one layer"):
+        LLAMA.write(qwen3, target, tmp_path / "c", torch.float32)
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 def test_pickled_weights_load_without_running_code(tmp_path):

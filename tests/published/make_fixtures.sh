@@ -2,6 +2,8 @@
 # Regenerates tests/published/fixtures/ with the other projects' own code, in an environment of their own (their pins
 # clash with the project's: speculators needs transformers <= 5.19, eagle-llm pins accelerate 0.21, specforge sglang).
 # Each is installed without its dependencies, with only what its model classes import. About 3 minutes the first time.
+# Then tests/published/exports/: hf_specdec's exports (written with the project's `python`), and what the peers compute
+# with them.
 #   tests/published/make_fixtures.sh [ENV_FOLDER]    (default: ~/.cache/hf_specdec/peers-venv)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,6 +18,7 @@ if [ ! -x "$env_dir/bin/python" ]; then
         aiohttp protobuf
 fi
 rm -rf fixtures && mkdir fixtures
+(cd ../.. && python -c "from tests.test_published import export_inputs; export_inputs()")
 "$env_dir/bin/python" make_fixtures.py
 "$env_dir/bin/python" -m pip freeze | grep -iE "^(torch|transformers|speculators|eagle-llm|medusa-llm|specforge)==" \
     > fixtures/written_by.txt

@@ -122,6 +122,10 @@ class SpeculatorsEagle3(PublishedFormat):
         if not c.norm_before_head:
             raise InputError("speculators' EAGLE-3 always norms before its LM head; this drafter does not "
                              "(norm_before_head=False): export it with --format vllm-eagle3.")
+        if len(set(c.target_layer_ids)) != len(c.target_layer_ids):
+            raise InputError(f"speculators loads only drafters of distinct target layers; this one reads "
+                             f"{list(c.target_layer_ids)} (a shallow target's defaults): export it with --format "
+                             "vllm-eagle3, or train it with --target-layers naming distinct layers.")
         tensors = renamed(own_tensors(model, target), [("midlayer.", "layers.0."), *[
             (f"more_layers.{i}.", f"layers.{i + 1}.") for i in range(c.num_hidden_layers - 1)],
             ("state_norm.norms.", "input_norm." if c.fc_input_norm == "joint" else "fc_norm.")])
