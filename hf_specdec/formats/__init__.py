@@ -32,7 +32,8 @@ class PublishedFormat:
     project = ""  # who writes it, for errors, the README and the warnings
 
     def recognises(self, checkpoint: Checkpoint) -> bool:
-        raise NotImplementedError
+        """Whether the checkpoint is in this layout (default: never; a layout hf_specdec only writes)."""
+        return False
 
     def read(self, checkpoint: Checkpoint, target=None):
         """The kind's model, its weights the checkpoint's (an `InputError` naming what is not supported)."""
@@ -65,7 +66,7 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
     from ..registry import published_formats
 
     checkpoint = Checkpoint(source, config, **hub)
-    found = published_format(source, config, **hub)
+    found = layout_of(checkpoint)
     if found is None:
         kind = config.get("speculators_model_type")
         if kind is not None:
@@ -86,9 +87,12 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
 
 def published_format(source, config: dict, **hub) -> PublishedFormat | None:
     """The registered layout that recognises the checkpoint at `source` (reading its config and tensor names only)."""
+    return layout_of(Checkpoint(source, config, **hub))
+
+
+def layout_of(checkpoint: Checkpoint) -> PublishedFormat | None:
     from ..registry import published_formats
 
-    checkpoint = Checkpoint(source, config, **hub)
     return next((fmt for fmt in published_formats() if fmt.recognises(checkpoint)), None)
 
 

@@ -75,9 +75,10 @@ def head_rows(state: dict, d2t: torch.Tensor, target, source: str) -> None:
 
 class SpeculatorsEagle3(PublishedFormat):
     name, kind, project = "speculators-eagle3", "eagle3", "speculators (vllm-project/speculators)"
-    algorithm = "eagle3"
+    algorithm, architecture, model_class = "eagle3", "Eagle3DraftModel", Eagle3DraftModel
     flags = {"draft_vocab_size", "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
              "norm_before_fc", "fc_norm", "norm_output"}
+    extra_flags: set = set()  # (P-EAGLE's reading adds its own flags and tensors: kinds/block/formats.py)
 
     def recognises(self, checkpoint) -> bool:
         return checkpoint.config.get("speculators_model_type") == self.algorithm
@@ -109,10 +110,6 @@ class SpeculatorsEagle3(PublishedFormat):
             num_draft_tokens_eval=speculators.speculative_tokens(config, 5), **extra)
         return self.built(self.model_class, drafter_config, state, checkpoint)
 
-    # (P-EAGLE's reading adds its own flags and tensors: kinds/block/formats.py)
-    extra_flags: set = set()
-    model_class = Eagle3DraftModel
-
     def extra_config(self, config: dict, state: dict) -> dict:
         """A subclass's further config fields (and its tensors renamed in `state`)."""
         return {}
@@ -126,6 +123,10 @@ class SpeculatorsEagle3(PublishedFormat):
             raise InputError(f"speculators loads only drafters of distinct target layers; this one reads "
                              f"{list(c.target_layer_ids)} (a shallow target's defaults): export it with --format "
                              "vllm-eagle3, or train it with --target-layers naming distinct layers.")
+        if c.target_hidden_size != c.hidden_size:
+            raise InputError(f"speculators' EAGLE-3 fuses states of its own width ({c.hidden_size}); this drafter's "
+                             f"target has {c.target_hidden_size}: export it with --format vllm-eagle3.")
+        original = (c.published or {}).get("config") or {}
         tensors = renamed(own_tensors(model, target), [("midlayer.", "layers.0."), *[
             (f"more_layers.{i}.", f"layers.{i + 1}.") for i in range(c.num_hidden_layers - 1)],
             ("state_norm.norms.", "input_norm." if c.fc_input_norm == "joint" else "fc_norm.")])
@@ -143,18 +144,14 @@ class SpeculatorsEagle3(PublishedFormat):
                                                                              c.attention_windows),
             "speculators_config": speculators.speculators_block(
                 self.algorithm, getattr(c, "block_size", c.num_draft_tokens_eval), c.target_name_or_path,
-                [type(target).__name__] if target is not None else [], (c.published or {}).get("config")),
-            "dtype": str(dtype).removeprefix("torch."),
-            **{k: v for k, v in ((c.published or {}).get("config") or {}).items() if k == "speculators_version"},
-            **self.extra_written(model, tensors)}
-        if c.target_hidden_size != c.hidden_size:
-            raise InputError(f"speculators' EAGLE-3 fuses states of its own width ({c.hidden_size}); this drafter's "
-                             f"target has {c.target_hidden_size}: export it with --format vllm-eagle3.")
+                [type(target).__name__] if target is not None else [], original),
+            "dtype": str(dtype).removeprefix("torch."), **self.extra_written(model, tensors)}
+        if "speculators_version" in original:  # (a read checkpoint's, kept)
+            config["speculators_version"] = original["speculators_version"]
         save(out, config, tensors, dtype)
 
-    architecture = "Eagle3DraftModel"
-
     def extra_written(self, model, tensors: dict) -> dict:
+        """A subclass's further config.json keys (and its tensors renamed in `tensors`)."""
         return {}
 
 

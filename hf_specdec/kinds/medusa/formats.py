@@ -83,10 +83,9 @@ class FasterDecodingMedusa(PublishedFormat):
 
 
 class VllmMedusa(PublishedFormat):
-    name, kind, project = "vllm-medusa", "medusa", "vLLM (Medusa)"
+    """Written only: hf_specdec's own folders carry what vLLM's layout drops (the draft vocabulary's tree accuracy)."""
 
-    def recognises(self, checkpoint) -> bool:
-        return False  # (written only: hf_specdec's own folders carry what vLLM's drops)
+    name, kind, project = "vllm-medusa", "medusa", "vLLM (Medusa)"
 
     def write(self, heads: MedusaHeads, target, out: Path, dtype: torch.dtype) -> None:
         """vLLM's Medusa checkpoint: the residual blocks as they are, an LM head per head (the target's, if borrowed)."""
