@@ -431,7 +431,7 @@ def test_a_published_speculators_drafter_fine_tunes_and_keeps_its_layout(world, 
     from hf_specdec.kinds.eagle3.formats import SPECULATORS
 
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
-    config = hf_specdec.Eagle3Config.from_target(target.config, draft_vocab_size=64, target_layer_ids=[1, 2, 2],
+    config = hf_specdec.Eagle3Config.from_target(target.config, draft_vocab_size=64, target_layer_ids=[0, 1, 2],
                                                  fc_input_norm="joint", feed_back_normed=True, attention_windows=[16],
                                                  own_embeddings=True)
     published = hf_specdec.Eagle3DraftModel(config)
