@@ -3,16 +3,23 @@ so that a draft-length policy can decide from the run's own outcomes alone (`Cal
 reproduces its sample, which lengths timed during the call would not let it.
 
 A calibration times the target's forward of n new tokens per row (n = 1 ... the widths a step can verify) on a scratch
-cache of `CONTEXT` tokens, through the same CPU matmul path the loop verifies with, and keeps the fastest of a few
-repeats (noise on a shared machine only ever adds time). The result is kept for the process and in the cache folder
-(per CPU or GPU model, torch version, thread count, the target's shape and dtype), so that later processes on the same
-machine decide alike without measuring again.
+cache of `CONTEXT` tokens, through the same CPU matmul path the loop verifies with: `ROUNDS` rounds over every width,
+interleaved (a round visits each width once, in alternating order), keeping each width's fastest sample (noise on a
+shared machine only ever adds time). A burst of load then inflates a few samples of several widths, not every sample of
+one width, and the widths keep their true shape, which is all the policy compares (a steady load slows every width
+alike). The result is kept for the process and in the cache folder (`costs_file()`: per CPU or GPU model, torch
+version, thread count, the target's shape and dtype), stamped with when and under what load average it was measured,
+so that later processes on the same machine decide alike without measuring again; the first process that reads it
+re-checks it cheaply (the widest width against one token, a few interleaved forwards) and measures again if its shape
+has moved by more than `RECHECK` (calibrated under a load the figures do not show, or another machine behind the same
+name). `hf-specdec calibrate` measures again on demand; `forget()` drops what this process holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -27,7 +34,10 @@ from .cpu_matmul import routed, verifying
 from .default_model import cache_dir, cpu_name, write_cache_file
 
 CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
-REPEATS = 3  # timed forwards per width, after one untimed (a width's first forward may choose its matmul paths)
+ROUNDS = 5  # timed forwards per width, interleaved across widths, after one untimed (a width's first forward may
+#   choose its matmul paths)
+RECHECK = 1.3  # a kept calibration whose widest-to-one-token ratio is off by more than this factor is measured again
+RECHECK_ABOVE = 2e-3  # ... when a one-token forward takes at least this long (below, timer noise decides ratios)
 
 _KEPT: dict[str, dict[int, float]] = {}  # machine-and-target key -> {tokens per row: seconds}
 _SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> the hash of its class, config and dtype
@@ -45,11 +55,24 @@ def verify_seconds(model, batch_size: int, widths: int, fast_cpu_verify: bool = 
         known = _KEPT.get(key)
         if known is None:
             known = _KEPT[key] = _read(key)
+            if known and not _still_true(model, batch_size, known, fast):
+                known.clear()  # (measured again below, every width)
         missing = [n for n in grid if n not in known]
         if missing:
             known.update(_measure(model, batch_size, missing, fast))
             _write(key, known)
         return {n: known[n] for n in grid}
+
+
+def _still_true(model, batch_size: int, known: dict[int, float], fast: bool) -> bool:
+    """Whether a kept calibration's shape holds on this machine now: one token against its widest width, timed
+    interleaved (a load that slows both alike leaves the ratio alone)."""
+    widest = max(known)
+    if widest == 1 or known[1] < RECHECK_ABOVE:
+        return True
+    now = _measure(model, batch_size, [1, widest], fast, rounds=3)
+    ratio = (now[widest] / now[1]) / (known[widest] / known[1])
+    return 1 / RECHECK <= ratio <= RECHECK
 
 
 def _grid(widths: int) -> list[int]:
@@ -58,35 +81,39 @@ def _grid(widths: int) -> list[int]:
 
 
 @torch.no_grad()
-def _measure(model, batch_size: int, widths: list[int], fast: bool) -> dict[int, float]:
+def _measure(model, batch_size: int, widths: list[int], fast: bool, rounds: int = ROUNDS) -> dict[int, float]:
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 100
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab, (batch_size, CONTEXT + max(widths)), generator=generator).to(model.device)
     keyword = cache_keyword(model) or "cache"
     keep_logits = model._supports_logits_to_keep()  # (the verification forward asks for its n logits only)
     cuda = model.device.type == "cuda"
-    seconds = {}
+    samples = {n: [] for n in widths}
     with routed(model, fast), verifying(fast), torch.inference_mode():
         cache = DynamicCache(config=model.config)
         cache.activate_past_recording()  # (so that a sliding-window layer can be cropped back too)
         model(input_ids=ids[:, :CONTEXT], use_cache=True, **{keyword: cache})
-        for n in widths:
+
+        def forward(n: int) -> float:
             block = ids[:, CONTEXT : CONTEXT + n]
             positions = torch.arange(CONTEXT, CONTEXT + n, device=model.device)[None].expand(batch_size, -1)
-            times = []
-            for repeat in range(REPEATS + 1):
-                if cuda:
-                    torch.cuda.synchronize(model.device)
-                start = time.perf_counter()
-                model(input_ids=block, position_ids=positions, use_cache=True, **{keyword: cache},
-                      **({"logits_to_keep": n} if keep_logits else {}))
-                if cuda:
-                    torch.cuda.synchronize(model.device)
-                if repeat:
-                    times.append(time.perf_counter() - start)
-                cache.crop(-n)
-            seconds[n] = min(times)
-    return seconds
+            if cuda:
+                torch.cuda.synchronize(model.device)
+            start = time.perf_counter()
+            model(input_ids=block, position_ids=positions, use_cache=True, **{keyword: cache},
+                  **({"logits_to_keep": n} if keep_logits else {}))
+            if cuda:
+                torch.cuda.synchronize(model.device)
+            seconds = time.perf_counter() - start
+            cache.crop(-n)
+            return seconds
+
+        for n in widths:  # untimed: a width's first forward may choose its matmul paths
+            forward(n)
+        for round in range(rounds):
+            for n in widths if round % 2 == 0 else widths[::-1]:
+                samples[n].append(forward(n))
+    return {n: min(times) for n, times in samples.items()}
 
 
 def _key(model, batch_size: int, fast: bool) -> str:
@@ -106,6 +133,7 @@ def costs_file() -> Path:
 def _read(key: str) -> dict[int, float]:
     try:
         saved = json.loads(costs_file().read_text()).get(key, {})
+        saved = saved.get("seconds", {}) if "seconds" in saved else saved  # (files before stamps: the figures alone)
         return {int(n): float(s) for n, s in saved.items()}
     except (OSError, ValueError, AttributeError):
         return {}
@@ -117,8 +145,36 @@ def _write(key: str, seconds: dict[int, float]) -> None:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
-    saved[key] = {str(n): s for n, s in sorted(seconds.items())}
+    saved[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured": stamp()}
     write_cache_file(path, json.dumps(saved, indent=0))  # (a read-only folder: this process keeps its own figures)
+
+
+def stamp() -> dict:
+    """What a calibration was measured under: when, the machine's load average, its CPUs and torch threads."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": load, "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "rounds": ROUNDS}
+
+
+def forget_saved(model=None) -> int:
+    """Drop this machine's saved calibrations (of `model`'s shape only, if given) from the cache folder and from this
+    process; returns how many were dropped (`hf-specdec calibrate` measures them again)."""
+    forget()
+    path = costs_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    machine = re.sub(r"[^A-Za-z0-9.+|=-]+", "_", cpu_name())
+    shape = None if model is None else _key(model, 1, False).split("|")[4]
+    dropped = [key for key in saved if key.startswith(machine) and (shape is None or f"|{shape}|" in f"|{key}|")]
+    for key in dropped:
+        del saved[key]
+    write_cache_file(path, json.dumps(saved, indent=0))
+    return len(dropped)
 
 
 def forget() -> None:
@@ -127,4 +183,4 @@ def forget() -> None:
         _KEPT.clear()
 
 
-__all__ = ["verify_seconds", "costs_file", "forget", "CONTEXT"]
+__all__ = ["verify_seconds", "costs_file", "forget", "forget_saved", "stamp", "CONTEXT", "ROUNDS"]

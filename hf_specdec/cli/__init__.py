@@ -1,5 +1,5 @@
-"""The `hf-specdec` command: `demo` (the main job), `bench`, and sharing drafters: `push`, `export`. Each subcommand
-is a `<name>_command` function (the benchmark harness itself is the `bench` module beside this one)."""
+"""The `hf-specdec` command: `demo` (the main job), `bench`, `calibrate`, and sharing drafters: `push`, `export`. Each
+subcommand is a `<name>_command` function (the benchmark harness itself is the `bench` module beside this one)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,31 @@ def export_command(args) -> int:
     return 0
 
 
+def calibrate_command(args) -> int:
+    check_device(args)
+    _threads(args.threads)
+    import torch
+
+    from .. import cpu_matmul, step_costs
+
+    target, _ = load_target_from(args, args.target)
+    shapes = {(m.out_features, m.in_features) for m in target.modules() if type(m) is torch.nn.Linear}
+    dropped = step_costs.forget_saved(target), cpu_matmul.forget_choices(shapes)
+    print(f"dropped {dropped[0]} verification calibrations and {dropped[1]} CPU path choices kept for this target on "
+          "this machine; measuring again (interleaved, the fastest of each width's samples)...", flush=True)
+    fast = target.device.type == "cpu"
+    print(f"{'batch':>5} | " + " | ".join(f"{n:>2} tokens" for n in range(1, args.widths + 1)) + " | (ms, and over 1 token)")
+    for batch in args.batch_sizes:
+        seconds = step_costs.verify_seconds(target, batch, args.widths, fast_cpu_verify=fast)
+        print(f"{batch:>5} | " + " | ".join(f"{1000 * seconds[n]:6.1f} {seconds[n] / seconds[1]:4.2f}x"
+                                           for n in range(1, args.widths + 1)))
+    print(f"verification costs: {step_costs.costs_file()}")
+    if fast:
+        print(f"CPU matmul paths:   {cpu_matmul.choices_file()} ({sum(key[:2] in shapes for key in cpu_matmul.CHOICES)} "
+              "choices for this target's layers)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = _Parser(prog="hf-specdec", description="Exact speculative decoding for transformers.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -286,6 +311,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=_positive, default=None)
     _target_flags(p)
     p.set_defaults(func=bench_command)
+
+    p = sub.add_parser("calibrate", help="measure again what the speed features keep on disk for a target on this "
+                                         "machine: its verification cost per width, its CPU matmul paths")
+    p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), a folder or a Hub id")
+    p.add_argument("--batch-sizes", type=_lengths, default=[1, 4, 8], help="batch sizes to calibrate (default 1,4,8)")
+    p.add_argument("--widths", type=_positive, default=9, help="tokens per row a step verifies, up to (default 9)")
+    p.add_argument("--threads", type=_positive, default=None)
+    _target_flags(p)
+    p.set_defaults(func=calibrate_command)
 
     p = sub.add_parser("push", help="upload a drafter folder (custom_generate/ and model card included) to the Hub")
     p.add_argument("folder")
