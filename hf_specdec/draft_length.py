@@ -346,10 +346,14 @@ class CalibratedDraftLength(AdaptiveDraftLength):
     #: a_1 before the call's first trial: what n-gram lookup and the shipped heads measure on the dev prompts, sampled
     #: or batched (each call starts afresh, so an optimistic guess would cost every call its first steps)
     prior: float = 0.3
+    #: greedy calls only (their output does not depend on the lengths): the call's own step times are watched, and
+    #: once its drafting steps have cost more per token than its plain steps, it drafts no more (`LossWatch`)
+    watch_losses: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         self.chain = self.acceptance = RowAcceptance(self.decay, self.prior)
+        self.watch = LossWatch() if self.watch_losses else None
 
     def calibrate(self, model, drafter, batch_size: int, cap: int, fast_cpu_verify: bool) -> None:
         from .step_costs import verify_seconds
@@ -362,10 +366,57 @@ class CalibratedDraftLength(AdaptiveDraftLength):
         super().start(cap)
         self.chain = self.acceptance = RowAcceptance(self.decay, self.prior)  # every call afresh: its rows are its own
         self.tree, self.steps = TreeAcceptance(self.decay), 0
+        self.watch = LossWatch() if self.watch_losses else None
+
+    def next_length(self) -> int:
+        length = super().next_length()
+        return length if self.watch is None else self.watch.length(length)
 
     def update(self, outcome: StepOutcome) -> None:
         self.acceptance = self.chain if outcome.tree_paths is None else self.tree
         self.acceptance.record(outcome)  # (costs stay as calibrated)
+        if self.watch is not None:
+            self.watch.record(outcome)
+
+
+@dataclass
+class LossWatch:
+    """The call's own evidence that drafting loses: its drafting steps' seconds per emitted token against its plain
+    steps' (a plain step every `probe_every` drafting steps, if the policy takes none, so that both are measured on the
+    call's own rows and machine load). The calibrated prices miss what a drafter costs beyond its size (n-gram lookup
+    in Python, a row's holes) and what the loop's acceptance and roll-back cost a batch; once drafting has cost more
+    per token than plain steps over `min_steps` of each, the call drafts no more. Lengths then depend on times, so
+    only greedy calls watch (their output is the same at any length)."""
+
+    min_steps: int = 4
+    probe_every: int = 4
+    margin: float = 1.0  # drafting loses when its seconds per token exceed the plain steps' times this
+    seconds: dict = field(default_factory=lambda: {"plain": 0.0, "drafting": 0.0})
+    tokens: dict = field(default_factory=lambda: {"plain": 0, "drafting": 0})
+    steps: dict = field(default_factory=lambda: {"plain": 0, "drafting": 0})
+    stopped: bool = False
+    first: bool = True
+
+    def length(self, chosen: int) -> int:
+        if self.stopped:
+            return 0
+        if chosen and self.steps["plain"] < self.min_steps and self.steps["drafting"] >= self.probe_every * (
+                self.steps["plain"] + 1):
+            return 0  # a plain step to compare with
+        return chosen
+
+    def record(self, outcome: StepOutcome) -> None:
+        if self.first:  # its forward also read the prompt
+            self.first = False
+            return
+        kind = "drafting" if outcome.num_drafted else "plain"
+        accepted = outcome.num_accepted if isinstance(outcome.num_accepted, list) else [outcome.num_accepted]
+        self.seconds[kind] += outcome.step_seconds
+        self.tokens[kind] += sum(a + 1 for a in accepted)
+        self.steps[kind] += 1
+        if min(self.steps.values()) >= self.min_steps and not self.stopped:
+            per_token = {k: self.seconds[k] / max(self.tokens[k], 1) for k in self.seconds}
+            self.stopped = per_token["drafting"] > self.margin * per_token["plain"]
 
 
 #: what "adaptive" learned, per drafter (a name's, kept with its target, or the caller's object), target and batch
@@ -388,7 +439,10 @@ def policy_for_call(value, learner, model, batch_size: int, sampling: bool = Fal
     if value is None:
         value = "adaptive" if batch_size == 1 and not sampling else "calibrated"
     if value != "adaptive":
-        yield as_draft_length_policy(value)
+        policy = as_draft_length_policy(value)
+        if value == "calibrated" and not sampling:  # (greedy output is the same at any length: times may decide)
+            policy.watch_losses = True
+        yield policy
         return
     try:
         with _LOCK:

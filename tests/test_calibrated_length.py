@@ -183,3 +183,39 @@ def test_sampled_calls_draft_with_ngram_lookup_alone_by_default():
     assert parse("default", None, sampling=False).text == default_name(None)
     drafter = NgramDrafter()
     assert resolve(drafter, None, sampling=True).drafter is drafter
+
+
+def test_a_greedy_call_whose_drafting_loses_notices_and_stops():
+    """LossWatch: the call's drafting steps against its plain steps (one forced every few drafting steps while it has
+    too few to compare), seconds per emitted token; drafting that costs more per token stops for the rest of the call,
+    drafting that pays goes on."""
+    from hf_specdec.draft_length import LossWatch
+
+    def run(draft_seconds: float, accepted: int) -> tuple[list[int], bool]:
+        watch, lengths = LossWatch(), []
+        watch.record(StepOutcome(0, [0], [0], 0.0, 9.0))  # the first step (it reads the prompt): not counted
+        for _ in range(40):
+            k = watch.length(3)
+            lengths.append(k)
+            seconds = 0.05 + (0.01 + draft_seconds if k else 0.0)  # a wider forward costs a little more
+            watch.record(StepOutcome(k, [k], [min(accepted, k)], draft_seconds if k else 0.0, seconds))
+        return lengths, watch.stopped
+
+    losing, stopped = run(draft_seconds=0.06, accepted=0)  # 0.12 s for 1 token against 0.05 s
+    assert stopped and losing[20:] == [0] * 20 and losing[:20].count(3) == 16  # 16 drafting steps and 4 probes
+    paying, stopped = run(draft_seconds=0.01, accepted=2)  # 0.07 s for 3 tokens
+    assert not stopped and paying[-10:] == [3] * 10 and 4 <= paying.count(0) <= 5  # (the probes only)
+
+
+def test_only_greedy_calls_watch_their_times(close_pair):
+    """Sampled calls keep lengths that depend on their outcomes alone (a seed reproduces its sample); greedy ones
+    (batches) may stop drafting on their times."""
+    from hf_specdec.draft_length import policy_for_call
+
+    target, _ = close_pair
+    with policy_for_call(None, object(), target, 4, sampling=True) as sampled:
+        sampled.start(3)
+        assert sampled.watch is None
+    with policy_for_call(None, object(), target, 4, sampling=False) as greedy:
+        greedy.start(3)
+        assert greedy.watch is not None

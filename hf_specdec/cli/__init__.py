@@ -188,6 +188,7 @@ def bench_command(args) -> int:
         do_sample=args.do_sample, temperature=args.temperature,
         seed=args.seed, target_name=args.target or "default",
         batch_size=args.batch_size, adaptive=args.adaptive, policies=args.draft_lengths,
+        policies_only=args.policies_only,
         compile_drafter=args.compile_drafter,
         static_plain=args.static_plain,
     )
@@ -301,6 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft-lengths", type=_policies, default=(),
                    help="also run hf_specdec with these draft-length policies, a comma list of adaptive, calibrated and "
                         "default (what a call gets without draft_length), capped at the largest --num-draft-tokens")
+    p.add_argument("--policies-only", action="store_true",
+                   help="with --adaptive or --draft-lengths: only the policies' rows, no constant-length ones")
     p.add_argument("--compile-drafter", action="store_true",
                    help="also run each draft-model row with compile_drafter=True (its warm-up compiles)")
     p.add_argument("--static-plain", action="store_true",

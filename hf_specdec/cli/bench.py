@@ -180,13 +180,14 @@ def run_bench(
     policies: tuple[str, ...] = (),
     compile_drafter: bool = False,
     static_plain: bool = False,
+    policies_only: bool = False,
 ) -> dict:
     """`drafters`: (name, Drafter) pairs compared in the same interleaved run, one row each (see `as_drafter`);
     `adaptive` / `policies`: also a row per drafter for each of these draft-length policies ("adaptive", "calibrated",
     "default": what a call gets without `draft_length`), capped at the largest length;
     `compile_drafter`: each row of a drafter with a draft model gets a twin with its forward compiled; `static_plain`:
     a row of plain decoding in a static cache of one size for every prompt (transformers compiles its decoding step
-    once, on a GPU)."""
+    once, on a GPU); `policies_only`: no constant-length rows, the policies' alone (what calls get)."""
     # A list of draft lengths is a sweep: one hf_specdec method per constant length, and adaptive capped at the largest.
     lengths = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
     cap = max(lengths)
@@ -208,7 +209,8 @@ def run_bench(
         # plain steps through hf_specdec's own loop and forward path: what the loop costs or saves apart from drafting
         for drafter_name, drafter in [("none", PlainDrafter()), *drafters]:
             prefix = "hf_specdec" if len(drafters) == 1 else f"hf_specdec {drafter_name}"
-            methods = [(prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
+            methods = [] if policies_only and (adaptive or policies) else [
+                (prefix if len(lengths) == 1 else f"{prefix} k={k}", "constant", k) for k in lengths]
             for policy in dict.fromkeys((["adaptive"] if adaptive else []) + list(policies)):  # (once each, in order)
                 methods.append((f"{prefix} {policy}" if len(lengths) == 1 else f"{prefix} {policy} k<={cap}",
                                 None if policy == "default" else policy, cap))
@@ -364,7 +366,26 @@ def format_table(report: dict) -> str:
     paired = adaptive_vs_best_constant(report)
     if paired:
         rows += ["", *paired]
+    floor = floor_ratios(report)
+    if floor:
+        rows += ["", "Tokens/s ratios, with 95% intervals over prompts (groups of a batch):", *floor]
     return "\n".join(rows)
+
+
+def floor_ratios(report: dict) -> list[str]:
+    """hf_specdec's no-drafts path against plain decoding, and every hf_specdec row against that path: what the
+    loop costs or saves apart from drafting, and what drafting adds to it."""
+    methods = {m["name"]: m for m in report["methods"] if m.get("prompt_seconds")}
+    plain, none = methods.get("plain"), methods.get("hf_specdec, no drafts")
+    if plain is None or none is None:
+        return []
+    lines = []
+    for name, m, base, against in [("hf_specdec, no drafts", none, plain, "plain"),
+                                   *[(n, m, none, "no drafts") for n, m in methods.items()
+                                     if n.startswith("hf_specdec") and m is not none]]:
+        r, lo, hi = paired_speed_ratio(m, base)
+        lines.append(f"- {name} / {against}: {r:.3f}x ({lo:.3f} to {hi:.3f})")
+    return lines
 
 
 def plot_report(report: dict, path: str) -> None:
