@@ -431,17 +431,17 @@ def test_a_published_speculators_drafter_fine_tunes_and_keeps_its_layout(world, 
     from hf_specdec.kinds.eagle3.formats import SPECULATORS
 
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
-    config = hf_specdec.Eagle3Config.from_target(target.config, draft_vocab_size=64, target_layer_ids=[0, 1, 2],
+    config = hf_specdec.Eagle3Config.from_target(target.config, draft_vocab_size=0, target_layer_ids=[0, 1, 2],
                                                  fc_input_norm="joint", feed_back_normed=True, attention_windows=[16],
                                                  own_embeddings=True)
     published = hf_specdec.Eagle3DraftModel(config)
     with torch.no_grad():
         published.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    published.set_draft_vocab(torch.arange(32, 96), target)
+    published.set_draft_vocab(torch.arange(96), target)  # (its LM head starts as the target's)
     SPECULATORS.write(published.bind_target(target), target, tmp_path / "published", torch.float32)
     out = tmp_path / "tuned"
-    summary = run_in_process(cli(world, out, drafter=tmp_path / "published", ttt_steps=2, max_steps=20, eval_every=20,
-                                 save_every=10, learning_rate=1e-2))
+    summary = run_in_process(cli(world, out, drafter=tmp_path / "published", ttt_steps=2, max_steps=40, eval_every=40,
+                                 save_every=20, learning_rate=1e-2))
     assert_evaluated_speculatively(summary["best"])
     saved = json.loads((out / "config.json").read_text())
     assert saved["speculators_model_type"] == "eagle3" and saved["norm_before_fc"] and saved["norm_output"]
