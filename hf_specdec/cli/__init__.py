@@ -173,12 +173,13 @@ def bench_command(args) -> int:
         check(name)
     check_device(args)
     _threads(args.threads)
-    from ..assistants import as_drafter
+    from ..assistants import resolve
     from .bench import format_table, plot_report, run_bench, write_json
 
     target, tokenizer = load_target_from(args, args.target)
-    names = (args.assistant or default_name(target)).split(",")  # several: one row each, interleaved
-    drafters = [(name, as_drafter(name, target=target)) for name in names]
+    names = (args.assistant or default_name(target, args.do_sample)).split(",")  # several: one row each, interleaved
+    # (a name as a call in this mode resolves it: "default" sampled is not "default" greedy)
+    drafters = [(name, resolve(name, target, args.do_sample).drafter) for name in names]
     if args.compile_drafter and not any(drafter.compiles_model for _, drafter in drafters):
         raise InputError(f"--compile-drafter compiles a draft model's forward, and none of {', '.join(names)} drafts "
                          "with one: drop --compile-drafter or name a draft model.")

@@ -235,10 +235,14 @@ def run_bench(
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
-        # Warm-up so that the first measured prompt pays no one-time costs.
-        warm = encode_prompt(tokenizer, "Hello!", target.device)
+        # Warm-up so that the first measured prompt pays no one-time costs: a batch as wide as the run's, so that what
+        # is measured once per batch size (the calibrated policy's verification costs, CPU paths for its row counts)
+        # is measured here
+        warm = encode_batch(tokenizer, ["Hello!"] * batch_size, target.device, max_prompt_tokens)
+        if batch_size == 1:
+            warm.pop("attention_mask")
         for _, kwargs in runs:
-            target.generate(**warm, max_new_tokens=4, **sampling, **call(kwargs, "speculation_stats"))
+            target.generate(**warm, max_new_tokens=8, pad_token_id=pad_id, **sampling, **call(kwargs, "speculation_stats"))
         groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         for i, group in enumerate(tqdm(groups, desc=f"bench (batches of {batch_size})")):
             enc = encode_batch(tokenizer, group, target.device, max_prompt_tokens)

@@ -74,7 +74,10 @@ def record(run, step, num_emitted: list[int], finished: list[int]) -> None:
     shape = step.draft.shape
     # a confidence stop is a miss at the next position: choosing a longer length bought nothing there
     stopped = int(step.draft.stopped_early)
-    run.policy.update(StepOutcome(shape.size, [d + stopped if d else 0 for d in step.draft.depth_by_row()], step.num_accepted,
+    tried = [d + stopped if d else 0 for d in step.draft.depth_by_row()]
+    if shape.size and len(tried) > 1:  # a row the drafter had nothing for paid the batch's width all the same: a miss
+        tried = [t or 1 for t in tried]
+    run.policy.update(StepOutcome(shape.size, tried, step.num_accepted,
                                   step.draft_seconds, step.draft_seconds + step.target_seconds,
                                   None if shape.is_chain else step.paths, rows=list(run.seqs.index),
                                   next_rows=[row for b, row in enumerate(run.seqs.index) if b not in finished]))
