@@ -406,7 +406,8 @@ def test_flags_hf_specdec_does_not_implement_are_refused_by_name(tmp_path):
         AutoDrafter.from_pretrained(copied("specforge-eagle3", tmp_path, shiny_new_norm=True), target=target)
     with pytest.raises(InputError, match="qkv_bias"):
         AutoDrafter.from_pretrained(copied("safeailab-eagle1", tmp_path, qkv_bias=True), target=target)
-    with pytest.raises(InputError, match="speculators 'dspark' checkpoint; hf_specdec reads speculators' dflash, eagle3, peagle"):
+    with pytest.raises(InputError, match="speculators 'dspark' checkpoint; hf_specdec reads speculators' dflash, eagle3, peagle drafters, not this one: "
+                             "DFlash plus a Markov logit bias"):
         AutoDrafter.from_pretrained(copied("speculators-eagle3", tmp_path / "x", speculators_model_type="dspark"),
                                     target=target)
     with pytest.raises(InputError, match="layers are 'mistral'"):

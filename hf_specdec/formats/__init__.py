@@ -24,6 +24,16 @@ from ..models.borrowed import bind_if_borrowing
 from .checkpoint import Checkpoint
 
 
+#: speculators' layouts no kind reads, and why
+UNREAD = {
+    "dflash2": "DFlash plus dynamic convolutions in every layer and a candidate selector, which no kind computes",
+    "dspark": "DFlash plus a Markov logit bias and a confidence head, which no kind computes",
+    "xpress": "DFlash plus a refiner read by Jacobi passes, which no kind computes",
+    "mtp": "a Qwen3-Next / Qwen3.5 multi-token-prediction layer; the mtp kind drafts with the MTP layers transformers "
+           "ships, and transformers has none for those models",
+}
+
+
 class PublishedFormat:
     """One project's layout of one kind's drafters (a subclass per layout; one instance each, registered)."""
 
@@ -72,8 +82,9 @@ def read_published(source, config: dict, target=None, dtype=None, **hub):
         if kind is not None:
             readable = sorted({fmt.name.removeprefix("speculators-") for fmt in published_formats()
                                if fmt.name.startswith("speculators-")})
+            why = UNREAD.get(kind, "a layout this hf_specdec does not know (a newer speculators release?)")
             raise InputError(f"{source}: a speculators {kind!r} checkpoint; hf_specdec reads speculators' "
-                             f"{', '.join(readable)} drafters, and no drafter kind here computes {kind!r}'s extra heads.")
+                             f"{', '.join(readable)} drafters, not this one: {why}.")
         return None
     model = found.read(checkpoint, target)
     if dtype is not None and dtype != "auto":
