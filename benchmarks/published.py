@@ -17,7 +17,6 @@ Methods are interleaved prompt by prompt; ms per step is the call's time over it
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import hf_specdec  # noqa: E402
 from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, SpeculationStats, speculative_generate  # noqa: E402
 from hf_specdec.kinds.eagle3.formats import LLAMA, SPECULATORS  # noqa: E402
 from hf_specdec.kinds.medusa.formats import MEDUSA  # noqa: E402
+from hf_specdec.cli.bench import write_json  # noqa: E402
 from hf_specdec.prompts import read_prompts  # noqa: E402
 from tests.speculation import fit_lm_head  # noqa: E402
 
@@ -118,8 +118,7 @@ def main(argv=None) -> dict:
     result = {"command": "python benchmarks/published.py " + " ".join(argv or sys.argv[1:]), "args": vars(args),
               "target": "SmolLM2-135M-Instruct fp32, CPU", "rows": table}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(result, args.json)
     return result
 
 

@@ -10,16 +10,15 @@ highest round's. A first call measures the CPU paths it has not measured yet (no
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from hf_specdec import load_default_target
 from hf_specdec.cache.keyword import CACHE
+from hf_specdec.cli.bench import write_json
 from hf_specdec.cpu_matmul import fast_linear
 
 
@@ -76,8 +75,7 @@ def main(argv=None) -> dict:
     print(f"\nhighest ratio: {worst['ratio']:.2f} at batch {worst['batch']}, width {worst['width']}")
     result = {"args": vars(args), "rows": table}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(result, args.json)
     return result
 
 

@@ -17,7 +17,7 @@ from transformers.cache_utils import DFlashCache
 from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
 import hf_specdec
-from hf_specdec import AutoDrafter, Eagle3DraftModel, MedusaHeads, SpeculationStats, speculative_generate
+from hf_specdec import AutoDrafter, Eagle3DraftModel, MedusaHeads, SpeculationStats
 from hf_specdec.cache.hidden import final_norm
 from hf_specdec.errors import InputError
 from hf_specdec.kinds.block.model import BlockDrafterModel

@@ -308,7 +308,7 @@ def read_exports() -> None:
         inputs = load_file(exports / "inputs.safetensors")
         state = load_file(llama_folder / "model.safetensors")
         state["embed_tokens.weight"] = inputs["target_embeddings"]  # the engines share the target's
-        missing, unexpected = model.load_state_dict(state, strict=True), None
+        model.load_state_dict(state, strict=True)  # (every tensor of the layout, none left over)
         states, ids = inputs["states"], inputs["input_ids"]
         with torch.no_grad():
             mask = sf.prepare_decoder_attention_mask(torch.ones(ids.shape, dtype=torch.bool), ids.shape, states, 0)
