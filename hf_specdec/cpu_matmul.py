@@ -198,7 +198,7 @@ def _rechecked(layer: nn.Linear, x2d: torch.Tensor, key: tuple) -> str:
 
 
 def _stamp() -> dict:
-    from .step_costs import stamp
+    from .default_model import stamp
 
     return stamp()
 

