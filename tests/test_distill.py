@@ -426,8 +426,9 @@ def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path
 
 def test_a_published_speculators_drafter_fine_tunes_and_keeps_its_layout(world, tmp_path):
     """--drafter FOLDER in speculators' EAGLE-3 layout (its flags: a norm before fc, the normed output fed back, a
-    sliding window, embeddings of its own): the fine-tune trains it on the target's answers and writes speculators'
-    layout again, which loads as it did and decodes exactly."""
+    sliding window, embeddings of its own): the fine-tune trains it on the target's answers (not its copy of the
+    target's embeddings, which speculators freezes too) and writes speculators' layout again, which loads as it did and
+    decodes exactly."""
     from hf_specdec.kinds.eagle3.formats import SPECULATORS
 
     target = AutoModelForCausalLM.from_pretrained(world["target"]).eval()
@@ -449,6 +450,7 @@ def test_a_published_speculators_drafter_fine_tunes_and_keeps_its_layout(world, 
     drafter = hf_specdec.AutoDrafter.from_pretrained(out, target=target)
     assert drafter.config.published["format"] == "speculators-eagle3" and drafter.config.own_embeddings
     assert not torch.equal(drafter.fc.weight, published.fc.weight)  # it trained
+    assert torch.equal(drafter.embed_tokens.weight, published.embed_tokens.weight)  # not its copy of the embeddings
     decode_like_plain(target, drafter, 4)
 
 

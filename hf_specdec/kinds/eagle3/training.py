@@ -65,6 +65,8 @@ class Eagle3Training(Adapter):
                               target_folder=target_folder)
         if folder is None:  # the LM head starts as the target's rows of the draft vocabulary
             model.set_draft_vocab(model.draft_vocab, target)
+        elif model.config.own_embeddings:  # a published layout's copy of the target's embeddings: kept as they are,
+            model.embed_tokens.requires_grad_(False)  # as speculators and EAGLE train them (and as ours are borrowed)
         return model
 
     def logits(self, model, batch):
