@@ -228,6 +228,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     shape: dict[int, float] = field(default_factory=dict)
     level: float | None = None
     draft_seconds_per_token: float | None = None
+    previous_drafted: int | None = None  # the last step's drafts (0: a plain step)
     steps: int = 0
     #: the drafter sizes each draft itself, from its own per-node chances against `verify_cost` (`sizes_own_drafts`):
     #: once the costs are measured the policy hands it the cap
@@ -293,7 +294,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 self.shape[n] += (0.1 if slower < 1.5 else 0.02) * (verify_seconds / self.level - self.shape[n])
             self.verify_seconds = {m: shape * self.level for m, shape in self.shape.items()}
         tried = num_drafted if num_tried is None else num_tried
-        if tried:
+        # A drafter with a cache of its own first feeds what it has not seen (the prompt at a call's first step, the
+        # tokens of the plain steps before): such a step's drafting time is not what a draft token costs (booked so,
+        # every exploration after 32 plain steps made drafting look dearer, and the policy stayed plain)
+        caught_up = first or self.previous_drafted == 0
+        self.previous_drafted = num_drafted
+        if tried and not caught_up:
             per_token = draft_seconds / tried
             old = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if old is None else 0.7 * old + 0.3 * per_token
@@ -307,9 +313,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def verify_part(self, k: int) -> float:
         """A step with k drafts but its drafting: times in between measured lengths are interpolated, beyond the
-        longest one extrapolated along the last measured slope (never downwards); and never above a wider forward's
-        measured time (a narrower forward does no more work: a higher figure is noise that would otherwise keep that
-        length from ever being tried again)."""
+        longest one extrapolated along the last measured slope (never downwards); and, for drafting widths, never above
+        a wider forward's measured time (a narrower forward does no more work: a higher figure is noise that would
+        otherwise keep that length from ever being tried again)."""
         n, known = k + 1, sorted(self.verify_seconds)
         below = [m for m in known if m <= n]
         above = [m for m in known if m >= n]
@@ -326,8 +332,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 slope = max(0.0, (self.verify_seconds[hi] - self.verify_seconds[lo]) / (hi - lo))
                 verify += slope * (n - hi)
         wider = [self.verify_seconds[m] for m in known if m > n]
-        if wider:
-            verify = min(verify, min(wider))
+        if wider and n > 1:  # (a plain step is priced as measured: on some CPUs a one-token forward really costs more
+            verify = min(verify, min(wider))  # than a two-token one, and pricing it lower kept the policy plain)
         return verify
 
 

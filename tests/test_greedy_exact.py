@@ -224,6 +224,38 @@ def test_adaptive_policy_does_not_stay_plain_after_a_plain_step():
     assert policy.chain.in_run is None and policy.next_length() >= 1  # on average it does
 
 
+def test_adaptive_policy_prices_a_plain_step_as_measured():
+    """On some CPUs (an AMD EPYC of this project's) a one-token forward costs more than a two-token one (a
+    matrix-vector product streams the weights at half the speed); priced at the two-token time, a plain step looked
+    cheaper than one draft that pays, and the policy stayed plain."""
+    policy = AdaptiveDraftLength(confidence_threshold=None)
+    policy.start(5)
+    policy.record_costs(5, 0.0, 1.0)  # first step: prompt, not timed
+    policy.verify_seconds = {1: 0.060, 2: 0.030, 6: 0.063}
+    policy.draft_seconds_per_token = 0.008
+    for i in range(60):  # one draft in ten accepted
+        policy.chain.record_prefixes(1, int(i % 10 == 0))
+    policy.chain.in_run = None
+    assert policy.step_seconds(0) == pytest.approx(0.060)
+    assert policy.next_length() == 1  # 1.12 tokens in 38 ms beat 1 in 60 ms
+
+
+def test_a_drafting_step_that_catches_up_does_not_price_drafting():
+    """A drafter with a cache of its own feeds what it skipped (the prompt at a call's first step, the tokens of plain
+    steps) at its next draft: that step's drafting time is not a draft token's cost. Booked so, each exploration after
+    32 plain steps made drafting look dearer, and the policy stayed plain for good."""
+    policy = AdaptiveDraftLength(confidence_threshold=None)
+    policy.start(3)
+    policy.record_costs(3, 0.5, 1.0)  # the first step: the drafter read the prompt too
+    assert policy.draft_seconds_per_token is None
+    policy.record_costs(2, 0.010, 0.05)  # 5 ms a draft token
+    policy.record_costs(0, 0.0, 0.05)  # a plain step
+    policy.record_costs(1, 0.040, 0.04)  # the next draft also feeds the plain step's token
+    assert policy.draft_seconds_per_token == pytest.approx(0.005)
+    policy.record_costs(1, 0.007, 0.04)
+    assert policy.draft_seconds_per_token == pytest.approx(0.7 * 0.005 + 0.3 * 0.007)
+
+
 def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
     """A drafter that stops on low confidence tells the loop so, and the policy is told one more position was tried
     (and missed); the output is still plain greedy's."""
