@@ -448,3 +448,53 @@ def test_a_plain_llama_draft_model_is_still_a_draft_model(tmp_path):
     draft = tiny_llama(layers=1, seed=3)
     draft.save_pretrained(tmp_path)
     assert type(AutoDrafter.from_pretrained(tmp_path)).__name__ == "LlamaForCausalLM"
+
+
+# --- the trainer comparison's data, in speculators' offline layout ---------------------------------------------------
+def test_prepared_data_is_written_in_speculators_offline_layout(tmp_path):
+    """benchmarks/to_speculators_data.py: per row the token ids, the states entering the drafter's layers and the
+    target's last state before its norm (from the last layers run on the stored state: as a full forward's), the loss
+    on the answer only, the training rows first; what speculators' trainer reads (benchmarks/trainer_vs_field.sh)."""
+    import datasets
+    from safetensors.torch import load_file as read
+
+    from benchmarks.to_speculators_data import main as convert
+    from hf_specdec.cache.hidden import entering_layers
+    from training.data import TeacherData
+    from training.states import attach_target_features
+
+    target = tiny_llama(vocab=32, layers=4)
+    target.save_pretrained(tmp_path / "target")
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    for name, count in (("train", 3), ("heldout", 1)):
+        records = [{"tokens": torch.randint(2, 32, (9 + i,), generator=gen, dtype=torch.int32), "start": 4,
+                    "ids": torch.zeros(5 + i, 1, dtype=torch.int32), "lps": torch.zeros(5 + i, 1, dtype=torch.float16),
+                    "source": 0} for i in range(count)]
+        data = TeacherData.from_records(records, {})
+        data.save(prepared / f"{name}.safetensors")
+        attach_target_features(target, data, prepared / f"features-{name}-layers-1-2-3.npy",
+                               entering_layers(target, [1, 2, 3]), show=False)
+    out = tmp_path / "speculators"
+    convert(["--prepared", str(prepared), "--layers", "1-2-3", "--target", str(tmp_path / "target"), "--out", str(out)])
+    rows = datasets.load_from_disk(str(out / "dataset"))
+    assert json.loads((out / "split.json").read_text())["train_rows"] == 3 and len(rows) == 4
+    for row in range(4):
+        ids = rows[row]["input_ids"]  # (read as torch tensors, as speculators reads them)
+        saved = read(out / "hidden_states" / f"hs_{row}.safetensors")
+        assert torch.equal(saved["token_ids"], ids) and saved["hidden_states"].shape == (len(ids), 4, 48)
+        assert rows[row]["loss_mask"].tolist() == [0] * 4 + [1] * (len(ids) - 4) and rows[row]["seq_len"] == len(ids)
+        with torch.no_grad():
+            states = target(input_ids=ids[None], output_hidden_states=True).hidden_states
+        before_norm = torch.stack([states[1], states[2], states[3]], 2)[0]
+        torch.testing.assert_close(saved["hidden_states"][:, :3].float(), before_norm, atol=1e-3 * float(
+            before_norm.abs().max()), rtol=0)
+        last = {}
+        hook = target.model.norm.register_forward_pre_hook(lambda module, args: last.update(x=args[0][0]) or None)
+        with torch.no_grad():
+            target(input_ids=ids[None])
+        hook.remove()
+        scale = float(last["x"].abs().max())  # (stored in fp16, as distill.py stores them)
+        torch.testing.assert_close(saved["hidden_states"][:, 3].float(), last["x"], atol=2e-3 * scale, rtol=0)
+    assert sum(torch.load(out / "token_freq.pt").values()) == sum(len(rows[r]["input_ids"]) - 4 for r in range(3))
