@@ -61,7 +61,7 @@ print(steps, max(1, round($STEP_TOKENS * s['train_rows'] / s['train_tokens'])), 
   warmup=$(( steps / 20 + 1 ))
   ours="$WORK/ours-$n"
   if [ ! -f "$ours/training_summary.json" ]; then
-    /usr/bin/time -f "distill.py: %e s in all" python training/distill.py --target default --teacher-data generate \
+    python training/distill.py --target default --teacher-data generate \
       --num-generate "$NUM_GENERATE" --num-score 0 --heldout-prompts 16 --max-new-tokens 128 --max-seq-len 512 \
       --data-cache-dir "$WORK/data" --threads 2 --drafter "$WORK/init" --max-train-tokens "$n" --max-steps "$steps" \
       --batch-size "$batch" --learning-rate 1e-3 --warmup-steps "$warmup" --min-lr-ratio 0 --eval-every "$steps" \
