@@ -105,6 +105,8 @@ def convert_gguf(gguf: Path, folder: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    folder = folder.resolve()  # (a folder that is a link: written where it points, the link kept)
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:

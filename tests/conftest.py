@@ -7,6 +7,7 @@ import copy
 import os
 import random
 import string
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +22,29 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-import hf_specdec.generation.step as step
+from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir
+
+
+def _own_cache_folder() -> None:
+    """The tests time CPU paths and step costs under their own load (two workers at once): written to the cache folder
+    they would replace the machine's quiet measurements, which every later call then takes (a run of the suite left a
+    one-token step at 53 ms instead of 35 here). Each test process gets a folder of its own, sharing only the converted
+    default target, which does not depend on load (made in the usual folder on first use, as before)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    kept = cache_dir() / DEFAULT_TARGET_NAME
+    kept.mkdir(parents=True, exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix="hf_specdec_tests_"))
+    (own / DEFAULT_TARGET_NAME).symlink_to(kept, target_is_directory=True)
+    os.environ["HF_SPECDEC_CACHE"] = str(own)
+    atexit.register(shutil.rmtree, own, ignore_errors=True)  # (the link inside is removed, not what it points to)
+
+
+_own_cache_folder()
+
+import hf_specdec.generation.step as step  # noqa: E402
 
 # Under pytest-xdist each worker gets one core; oversubscribed OpenMP threads would make everything crawl.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
