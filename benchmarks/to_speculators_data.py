@@ -14,6 +14,7 @@ picks in `training/distill.py` (the same records, in the same order); the valida
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -85,7 +86,8 @@ def main(argv=None) -> None:
 
     rows, freq, states = {"input_ids": [], "loss_mask": [], "seq_len": []}, Counter(), out / "hidden_states"
     states.mkdir(parents=True, exist_ok=True)
-    records = [train.record(i) for i in range(len(train))] + [held.record(i) for i in range(len(held))]
+    # (one record's states at a time, read from the memory maps: a large set's do not fit in memory)
+    records = itertools.chain((train.record(i) for i in range(len(train))), (held.record(i) for i in range(len(held))))
     for row, record in enumerate(records):
         tokens, start, entering = record["tokens"].long(), record["start"], record["features"]
         final = final_states(target, entering[:, -hidden:], first_layer)
@@ -107,7 +109,7 @@ def main(argv=None) -> None:
 
     datasets.Dataset.from_dict(rows).with_format("torch").save_to_disk(str(out / "dataset"))
     torch.save(dict(freq), out / "token_freq.pt")
-    summary = {"train_rows": len(train), "rows": len(records), "train_ratio": (len(train) + 0.5) / len(records),
+    summary = {"train_rows": len(train), "rows": len(train) + len(held), "train_ratio": (len(train) + 0.5) / (len(train) + len(held)),
                "train_target_tokens": int(train.t["tgt_off"][-1]), "train_tokens": int(train.lengths().sum())}
     (out / "split.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
