@@ -4,9 +4,13 @@ trainer's subprocesses run in."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -48,4 +52,29 @@ def build_tiny_world(root: Path) -> dict:
 def subprocess_env():
     """The environment of a trainer run in a subprocess: one thread, unbuffered output, offline."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1"}
+            "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"}
+
+
+def run_or_show_stacks(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)`, except that a run still going after `timeout` seconds
+    is not just killed: every process it started (the launcher's workers live in sessions of their own) is sent SIGABRT
+    first, which PYTHONFAULTHANDLER turns into each thread's Python stack on stderr, and the test fails showing them: a
+    hang in CI then says where each process waited."""
+    import psutil
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        family = psutil.Process(process.pid).children(recursive=True) + [psutil.Process(process.pid)]
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                member.send_signal(signal.SIGABRT)
+        time.sleep(3)
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{command[:3]}... still ran after {timeout} s; the stacks of its processes:\n"
+                             f"{stderr[-12000:]}\n--- stdout ---\n{stdout[-3000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

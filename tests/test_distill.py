@@ -41,7 +41,7 @@ from training import data as teacher_data  # noqa: E402
 from training import target as deployed  # noqa: E402
 from tests.bigram_kind import BIGRAM, BigramTable  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
-from tests.distill_world import build_tiny_world, subprocess_env  # noqa: E402
+from tests.distill_world import build_tiny_world, run_or_show_stacks, subprocess_env  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -340,7 +340,7 @@ def test_two_cpu_processes_with_accelerate_launch(world, tmp_path):
                "--dynamo_backend", "no", "--main_process_port", str(port), "training/distill.py",
                *cli(world, out, batch_size=4, max_steps=4, eval_every=2, save_every=2, on_policy_ratio=0.5,
                     data_cache_dir=tmp_path / "cache")]
-    result = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_or_show_stacks(command, timeout=300, env=subprocess_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     start = read_log(out)[0]
     assert start["event"] == "start" and start["processes"] == 2
