@@ -216,8 +216,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     decay: float = 0.95
     #: every this many steps, try a length next to the best one instead, so that its estimates stay current...
     explore_every: int = 32
-    #: ... if its estimated tokens per second are within this fraction of the best length's
+    #: ... if its estimated tokens per second are within this fraction of the best length's; and, from a plain step,
+    #: no more often than an exploration's estimated loss (a drafted width costs a batch 1.3-1.6 plain steps on a CPU)
+    #: spread over the steps since the last one stays under this share of the time
     explore_margin: float = 0.05
+    explore_budget: float = 0.005
     #: a plain step (k = 0) is chosen only when estimated this much faster than the best drafting length
     plain_margin: float = 0.1
     # what a step verifying n tokens costs now: `level` (how fast the machine runs at present: it moves with every step)
@@ -230,6 +233,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     draft_seconds_per_token: float | None = None
     previous_drafted: int | None = None  # the last step's drafts (0: a plain step)
     steps: int = 0
+    explored_at: int = 0  # the step of the last exploration
+    explorations: int = 0
     #: the drafter sizes each draft itself, from its own per-node chances against `verify_cost` (`sizes_own_drafts`):
     #: once the costs are measured the policy hands it the cap
     drafter_sizes: bool = False
@@ -257,13 +262,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # own feeds the skipped tokens at its next step, and that cost is booked as drafting.
         if rate[0] > (1 + self.plain_margin) * rate[best]:
             best = 0
-        if self.steps % self.explore_every == 0:
+        if self.steps - self.explored_at >= self.explore_every:
             # now and then a neighbour that is estimated nearly as good, so that close calls get re-measured; a
             # clearly worse length is not tried again (what it costs would be lost for nothing); from plain steps,
-            # one draft all the same, since plain steps measure no acceptance and would never be left otherwise
-            neighbour = best + (1 if (self.steps // self.explore_every) % 2 or best == 0 else -1)
-            if 0 <= neighbour <= self.cap and (best == 0 or rate[neighbour] >= (1 - self.explore_margin) * rate[best]):
-                best = neighbour
+            # one draft all the same, since plain steps measure no acceptance and would never be left otherwise, but
+            # only as often as `explore_budget` allows what that draft is estimated to lose
+            if best:
+                neighbour = best + (-1 if self.explorations % 2 else 1)
+                self.explored_at, self.explorations = self.steps, self.explorations + 1
+                if 0 <= neighbour <= self.cap and rate[neighbour] >= (1 - self.explore_margin) * rate[best]:
+                    best = neighbour
+            elif self.steps - self.explored_at >= (1 - rate[1] / rate[0]) / self.explore_budget:
+                best, self.explored_at, self.explorations = 1, self.steps, self.explorations + 1
         return best
 
     def update(self, outcome: StepOutcome) -> None:
@@ -371,7 +381,7 @@ class CalibratedDraftLength(AdaptiveDraftLength):
     def start(self, cap: int) -> None:
         super().start(cap)
         self.chain = self.acceptance = RowAcceptance(self.decay, self.prior)  # every call afresh: its rows are its own
-        self.tree, self.steps = TreeAcceptance(self.decay), 0
+        self.tree, self.steps, self.explored_at = TreeAcceptance(self.decay), 0, 0
         self.watch = LossWatch() if self.watch_losses else None
 
     def next_length(self) -> int:

@@ -256,6 +256,23 @@ def test_a_drafting_step_that_catches_up_does_not_price_drafting():
     assert policy.draft_seconds_per_token == pytest.approx(0.7 * 0.005 + 0.3 * 0.007)
 
 
+def test_exploring_from_plain_steps_spends_at_most_its_budget():
+    """From plain steps the policy still tries a draft now and then (plain steps measure no acceptance), but only as
+    often as that draft's estimated loss allows: every 32 steps where a drafted width costs little more than one token
+    (one row), about every 70 where it costs 1.6 plain steps (a batch on a CPU), which had drafted for nothing every 32."""
+    def explorations(two_token_cost):
+        policy = AdaptiveDraftLength(confidence_threshold=None)
+        policy.start(1)
+        policy.verify_seconds = {1: 0.04, 2: 0.04 * two_token_cost}
+        policy.draft_seconds_per_token = 0.0
+        policy.acceptance.record_prefixes([1] * 20, [0] * 20)  # drafts that missed: a_1 near 0, the policy stays plain
+        return [step for step in range(1, 201) if policy.next_length()]
+
+    assert explorations(1.15) == [32, 64, 96, 128, 160, 192]
+    slow = explorations(1.6)
+    assert len(slow) == 2 and all(b - a >= 0.35 / 0.005 for a, b in zip([0] + slow, slow)), slow
+
+
 def test_confidence_stop_counts_as_a_miss_for_the_length_policy():
     """A drafter that stops on low confidence tells the loop so, and the policy is told one more position was tried
     (and missed); the output is still plain greedy's."""
