@@ -19,8 +19,8 @@ done
 COMMON="--target default --max-new-tokens 96 --num-draft-tokens 5 --threads 2 --assistant ngram,default --draft-lengths default --policies-only"
 declare -A RUNS=(
   [g1]="--prompts dev --num-prompts 24"
-  [b4]="--prompts dev --num-prompts 32 --batch-size 4"
-  [b8]="--prompts dev --num-prompts 48 --batch-size 8"
+  [b4]="--prompts dev --num-prompts 64 --batch-size 4"
+  [b8]="--prompts dev --num-prompts 96 --batch-size 8"
   [t07]="--prompts dev --num-prompts 16 --do-sample --temperature 0.7"
   [t10]="--prompts dev --num-prompts 16 --do-sample --temperature 1.0"
   [grounded]="--prompts examples/input_grounded_prompts.jsonl --num-prompts 16"

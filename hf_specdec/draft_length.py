@@ -147,13 +147,16 @@ class ChainAcceptance:
 @dataclass
 class RowAcceptance:
     """a_i per row of a batch, each row's counts pulled towards the batch's pooled ones, and E(k) the mean of the
-    rows the next step decodes: one row may copy code while another writes prose, and once the copying row has
-    finished, an estimate pooled over the call would still count on its copies."""
+    rows furthest behind among those the next step decodes: one row may copy code while another writes prose, and a
+    batch ends with its slowest row, so a row that is ahead (its drafts were accepted, or it finishes early) gains the
+    call nothing more from drafts, while a drafted width costs every row (on a CPU a step costs nearly the same at
+    any number of rows). Pooled over the rows, one copying row kept a whole batch drafting for its own sake."""
 
     decay: float = 0.95
     prior: float = 0.5  # a_1 before any trial
     pooled: ChainAcceptance = None
     rows: dict = field(default_factory=dict)  # the caller's row index -> its ChainAcceptance
+    emitted: dict = field(default_factory=dict)  # the caller's row index -> tokens this call's steps gave it
     current: list[int] | None = None  # the rows the next step decodes (None: before the first step)
 
     def __post_init__(self):
@@ -164,13 +167,15 @@ class RowAcceptance:
         self.pooled.record_prefixes(tried, accepted)
         for row, d, a in zip(outcome.rows or range(len(tried)), tried, accepted):
             self.rows.setdefault(row, ChainAcceptance(self.decay, self.prior)).record_prefixes(d, a)
+            self.emitted[row] = self.emitted.get(row, 0) + a + 1
         self.current = outcome.next_rows
 
     def expected(self, cap: int) -> list[float]:
         if not self.current or len(self.rows) <= 1:
             return self.pooled.expected(cap)  # (one row: its own counts are the pooled ones)
         prior = self.pooled.rates(cap)
-        rows = [self.rows.get(b) for b in self.current]
+        behind = min(self.emitted.get(b, 0) for b in self.current)
+        rows = [self.rows.get(b) for b in self.current if self.emitted.get(b, 0) == behind]
         each = [row.expected(cap, prior) if row else self.pooled.expected(cap) for row in rows]
         return [sum(e[k] for e in each) / len(each) for k in range(cap + 1)]
 
@@ -397,12 +402,13 @@ class CalibratedDraftLength(AdaptiveDraftLength):
 
 @dataclass
 class LossWatch:
-    """The call's own evidence that drafting loses: its drafting steps' seconds per emitted token against its plain
-    steps' (a plain step every `probe_every` drafting steps, if the policy takes none, so that both are measured on the
-    call's own rows and machine load). The calibrated prices miss what a drafter costs beyond its size (n-gram lookup
-    in Python, a row's holes) and what the loop's acceptance and roll-back cost a batch; once drafting has cost more
-    per token than plain steps over `min_steps` of each, the call drafts no more. Lengths then depend on times, so
-    only greedy calls watch (their output is the same at any length)."""
+    """The call's own evidence that drafting loses: its drafting steps' seconds per token of progress (in a batch, how
+    far its slowest row moved) against its plain steps' (a plain step every `probe_every` drafting steps, if the
+    policy takes none, so that both are measured on the call's own rows and machine load). The calibrated prices
+    miss what a drafter costs beyond its size (n-gram lookup in Python, a row's holes) and what the loop's acceptance
+    and roll-back cost a batch; once drafting has cost more per token than plain steps over `min_steps` of each, the
+    call drafts no more. Lengths then depend on times, so only greedy calls watch (their output is the same at any
+    length)."""
 
     min_steps: int = 4
     probe_every: int = 4
@@ -410,6 +416,7 @@ class LossWatch:
     seconds: dict = field(default_factory=lambda: {"plain": 0.0, "drafting": 0.0})
     tokens: dict = field(default_factory=lambda: {"plain": 0, "drafting": 0})
     steps: dict = field(default_factory=lambda: {"plain": 0, "drafting": 0})
+    emitted: dict = field(default_factory=dict)  # the caller's row index -> tokens this call's steps gave it
     stopped: bool = False
     first: bool = True
 
@@ -422,13 +429,18 @@ class LossWatch:
         return chosen
 
     def record(self, outcome: StepOutcome) -> None:
+        accepted = outcome.num_accepted if isinstance(outcome.num_accepted, list) else [outcome.num_accepted]
+        rows = outcome.rows or range(len(accepted))
+        behind = min(self.emitted.get(row, 0) for row in rows)
+        for row, a in zip(rows, accepted):
+            self.emitted[row] = self.emitted.get(row, 0) + a + 1
         if self.first:  # its forward also read the prompt
             self.first = False
             return
         kind = "drafting" if outcome.num_drafted else "plain"
-        accepted = outcome.num_accepted if isinstance(outcome.num_accepted, list) else [outcome.num_accepted]
         self.seconds[kind] += outcome.step_seconds
-        self.tokens[kind] += sum(a + 1 for a in accepted)
+        # the batch's progress is its slowest row's: tokens that put a row further ahead do not end the call sooner
+        self.tokens[kind] += min(self.emitted[row] for row in rows) - behind
         self.steps[kind] += 1
         if min(self.steps.values()) >= self.min_steps and not self.stopped:
             per_token = {k: self.seconds[k] / max(self.tokens[k], 1) for k in self.seconds}

@@ -123,20 +123,49 @@ def test_negative_control_calibrated_with_a_wrong_q_fails(pair):
     assert chi_square_pvalue(lying, exact) < 1e-6
 
 
-def test_each_row_counts_its_own_acceptance():
-    """A row that copies (every draft accepted) beside one whose drafts all fail: once the copying row has finished,
-    the batch expects what the other row does, where an estimate pooled over the call's rows would still count on
-    the copies."""
+def test_each_row_counts_its_own_acceptance_and_the_rows_furthest_behind_decide():
+    """A row that copies (every draft accepted) beside one whose drafts all fail: a batch ends with its slowest row, so
+    once the copying row is ahead the batch expects what the other row does (pooled over the rows, the copies kept a
+    whole batch drafting, every row paying the width); rows level with each other count alike."""
     rows, pooled = RowAcceptance(), ChainAcceptance()
     for _ in range(20):
         outcome = StepOutcome(5, [5, 5], [5, 0], 0.0, 0.0, rows=[0, 1], next_rows=[0, 1])
         rows.record(outcome)
         pooled.record(outcome)
-    assert rows.expected(5)[5] == pytest.approx((6 + 1) / 2, abs=0.4)  # the copying row's 6 tokens and the other's 1
-    finished = StepOutcome(5, [5, 5], [5, 0], 0.0, 0.0, rows=[0, 1], next_rows=[1])  # the copying row's last step
+    behind = rows.expected(5)[5]
+    assert behind < 1.3 < 3 < pooled.expected(5)[5]  # row 1 is behind: its 1 token a step
+    for _ in range(20):  # row 1 catches up (it copies now), row 0 stalls: level again after 20 steps
+        rows.record(StepOutcome(5, [5, 5], [0, 5], 0.0, 0.0, rows=[0, 1], next_rows=[0, 1]))
+    assert rows.emitted[0] == rows.emitted[1]
+    level = rows.expected(5)[5]
+    alone = RowAcceptance(rows=rows.rows, emitted=rows.emitted, pooled=rows.pooled, current=[0])
+    assert level == pytest.approx((alone.expected(5)[5] + RowAcceptance(
+        rows=rows.rows, emitted=rows.emitted, pooled=rows.pooled, current=[1]).expected(5)[5]) / 2)
+    finished = StepOutcome(5, [5, 5], [5, 0], 0.0, 0.0, rows=[0, 1], next_rows=[1])  # row 0's last step
     rows.record(finished)
-    pooled.record(finished)
-    assert rows.expected(5)[5] < 1.3 < 3 < pooled.expected(5)[5]
+    assert rows.current == [1] and rows.expected(5)[5] != level
+
+
+def test_a_batch_whose_drafts_only_move_one_row_ahead_stops_drafting():
+    """LossWatch counts a batch's progress as its slowest row's: drafts that one row accepts while the other's fail
+    make that row finish early, not the call; counted as emitted tokens (7 a drafting step against 2 a plain one)
+    they looked like a win."""
+    from hf_specdec.draft_length import LossWatch
+
+    watch = LossWatch()
+    watch.record(StepOutcome(0, [0, 0], [0, 0], 0.0, 9.0, rows=[0, 1]))  # the first step: not counted
+    lengths = []
+    for _ in range(40):
+        k = watch.length(5)
+        lengths.append(k)
+        watch.record(StepOutcome(k, [k, k], [k, 0], 0.0, 0.07 if k else 0.05, rows=[0, 1]))
+    assert watch.stopped and lengths[20:] == [0] * 20
+    level = LossWatch()
+    level.record(StepOutcome(0, [0, 0], [0, 0], 0.0, 9.0, rows=[0, 1]))
+    for _ in range(40):  # both rows accept: the batch moves 6 tokens a drafting step
+        k = level.length(5)
+        level.record(StepOutcome(k, [k, k], [k, k], 0.0, 0.07 if k else 0.05, rows=[0, 1]))
+    assert not level.stopped
 
 
 def test_verification_costs_are_measured_once_and_kept_on_disk(monkeypatch):
