@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.default_model import load_target
-from training.sources import as_example, iter_json_list, render, sharegpt_path
+from hf_specdec.training.sources import as_example, iter_json_list, render, sharegpt_path
 
 
 def texts(tokenizer, count: int, length: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from hf_specdec.default_model import default_target_files
-from training.data import TeacherData
+from hf_specdec.training.data import TeacherData
 
 
 def load_set(folder: Path, name: str, layers: str) -> TeacherData:

@@ -18,7 +18,7 @@ then tells them apart. `build`, exporters and `training` are callables or the "m
 that what is not used is never imported: decoding (and the `custom_generate/` copy of it) never loads export or
 training code, and this module imports neither torch nor transformers, so that the command line checks a name before
 anything heavy loads. Exporters are `exporter(model, target, out_folder, dtype)`; `training` is the kind's training
-adapter (a subclass of `training.adapters.Adapter`: how to build, feed and score the kind), which
+adapter (a subclass of `hf_specdec.training.adapters.Adapter`: how to build, feed and score the kind), which
 `training/distill.py --drafter <kind name>` loads.
 """
 

@@ -14,7 +14,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from hf_specdec.drafters import Draft, Drafter
 from hf_specdec.kind_options import KindOptions, option
 from hf_specdec.registry import DrafterKind
-from training.adapters import Adapter
+from hf_specdec.training.adapters import Adapter
 
 
 class BigramConfig(PretrainedConfig):

@@ -33,12 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 from hf_specdec.errors import InputError  # noqa: E402
 from hf_specdec.cli import main as cli_main  # noqa: E402
 from hf_specdec.hub.push import RUN_COMPLETE  # noqa: E402
-from training import adapters, arguments, checkpoints, distill, evaluate, losses, prepare, sources, states  # noqa: E402
+from hf_specdec.training import adapters, arguments, checkpoints, evaluate, losses, prepare, sources, states  # noqa: E402
+from training import distill  # noqa: E402
 from hf_specdec.kinds.eagle import training as eagle_training  # noqa: E402
 from hf_specdec.kinds.eagle3 import training as eagle3_training  # noqa: E402
 from hf_specdec.kinds.medusa import training as medusa_training  # noqa: E402
-from training import data as teacher_data  # noqa: E402
-from training import target as deployed  # noqa: E402
+from hf_specdec.training import data as teacher_data  # noqa: E402
+from hf_specdec.training import target as deployed  # noqa: E402
 from tests.bigram_kind import BIGRAM, BigramTable  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
 from tests.distill_world import build_tiny_world, run_or_show_stacks, subprocess_env  # noqa: E402

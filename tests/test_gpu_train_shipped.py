@@ -137,8 +137,8 @@ def test_each_kinds_options_continue_a_larger_sets_run_from_the_previous_best(tm
     from hf_specdec.kinds.block import BlockDrafterConfig, BlockDrafterModel
     from hf_specdec.kinds.draft_model import SpecDrafterForCausalLM, drafter_config_from_target
     from hf_specdec.kinds.eagle3 import Eagle3Config, Eagle3DraftModel
-    from training import adapters
-    from training.arguments import parse_args
+    from hf_specdec.training import adapters
+    from hf_specdec.training.arguments import parse_args
 
     target = tiny_llama()
     made = {"new": SpecDrafterForCausalLM(drafter_config_from_target(target.config, num_hidden_layers=2)),

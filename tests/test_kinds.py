@@ -122,7 +122,7 @@ def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name
     chain drafter, ':5' a 5-node tree; a fine-tune refuses a flag that would change its folder's shape."""
     from hf_specdec.kinds.medusa import MedusaConfig, MedusaHeads, MedusaOptions
     from hf_specdec.drafters.positionwise import PositionChain
-    from training import adapters
+    from hf_specdec.training import adapters
 
     medusa = next(kind for kind in drafter_kinds() if kind.name == "medusa")
     assert medusa.options is MedusaOptions

@@ -460,8 +460,8 @@ def test_prepared_data_is_written_in_speculators_offline_layout(tmp_path):
 
     from benchmarks.to_speculators_data import main as convert
     from hf_specdec.cache.hidden import entering_layers
-    from training.data import TeacherData
-    from training.states import attach_target_features
+    from hf_specdec.training.data import TeacherData
+    from hf_specdec.training.states import attach_target_features
 
     target = tiny_llama(vocab=32, layers=4)
     target.save_pretrained(tmp_path / "target")

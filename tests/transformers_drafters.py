@@ -89,7 +89,7 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
     from hf_specdec.kinds.dflash.drafter import context_modules
-    from training.states import target_states
+    from hf_specdec.training.states import target_states
     from hf_specdec.kinds.dflash.options import DFlashOptions
     from hf_specdec.kinds.dflash.training import block_hidden, new_config
 

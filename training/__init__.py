@@ -1,1 +1,2 @@
-"""Distilling drafters for a target: `python -m training.distill` (or `accelerate launch -m training.distill`)."""
+"""The trainer's entry script: `accelerate launch training/distill.py` or `python -m training.distill` (its library half is
+`hf_specdec.training`)."""

@@ -8,7 +8,9 @@
     python -m training.distill ...                                   # the module form works too
 
 This file is the run, top to bottom: check the arguments and data, load the target, prepare (or read) the teacher
-data, build the drafter, train, evaluate through the real decoding loop, checkpoint, publish, push. Beside it:
+data, build the drafter, train, evaluate through the real decoding loop, checkpoint, publish, push. What it uses is
+the package's library half, `hf_specdec/training/` (the built-in kinds' training code imports it too, so it ships
+in the wheel):
   arguments.py    the arguments (one dataclass, `HfArgumentParser`) and the output-folder rules (--resume, --overwrite)
   target.py       the target as deployed (fp32/bf16, bitsandbytes 8/4-bit) and its top-K
   sources.py      the conversations (ShareGPT, JSON lines, datasets), with the dev prompts kept out
@@ -36,13 +38,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-if not __package__:  # run as a file (`accelerate launch training/distill.py`): its folder is the `training` package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "training"  # PEP 366: the relative imports below resolve as they do under `-m training.distill`
-
 from hf_specdec.errors import InputError, debugging, one_line
-
-from .arguments import asks_kind_help, parse_args
+from hf_specdec.training.arguments import asks_kind_help, parse_args
 
 
 def run_command(call) -> None:
@@ -65,18 +62,18 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from hf_specdec.auto_drafter import AutoDrafter  # noqa: E402
 
-from .adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter  # noqa: E402
-from .arguments import Args, autocast_precision, check_output_dir, run_arguments  # noqa: E402
-from .checkpoints import (RunLog, TrainState, best_folder, data_description, dataset_ids, publish_drafter,  # noqa: E402
+from hf_specdec.training.adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter  # noqa: E402
+from hf_specdec.training.arguments import Args, autocast_precision, check_output_dir, run_arguments  # noqa: E402
+from hf_specdec.training.checkpoints import (RunLog, TrainState, best_folder, data_description, dataset_ids, publish_drafter,  # noqa: E402
                           push_to_hub, resume, save_checkpoint, save_drafter, start_output_dir, training_command)
-from .data import collate, epoch_batches  # noqa: E402
-from .evaluate import column_map, draft_vocab_coverage, evaluate, top1_hits  # noqa: E402
-from .launch import relaunch_for_cpu_processes  # noqa: E402
-from .on_policy import on_policy_records  # noqa: E402
-from .prepare import load_teacher_data  # noqa: E402
-from .sources import check_data  # noqa: E402
-from .states import target_states  # noqa: E402
-from .target import eos_ids, load_target, load_teacher, target_folder, target_id  # noqa: E402
+from hf_specdec.training.data import collate, epoch_batches  # noqa: E402
+from hf_specdec.training.evaluate import column_map, draft_vocab_coverage, evaluate, top1_hits  # noqa: E402
+from hf_specdec.training.launch import relaunch_for_cpu_processes  # noqa: E402
+from hf_specdec.training.on_policy import on_policy_records  # noqa: E402
+from hf_specdec.training.prepare import load_teacher_data  # noqa: E402
+from hf_specdec.training.sources import check_data  # noqa: E402
+from hf_specdec.training.states import target_states  # noqa: E402
+from hf_specdec.training.target import eos_ids, load_target, load_teacher, target_folder, target_id  # noqa: E402
 
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # it warns on every 8-bit CPU matmul
 

@@ -83,8 +83,8 @@ def write_prompts(path: Path, max_prompt_tokens: int) -> int:
     from transformers import AutoTokenizer
 
     from hf_specdec.default_model import default_target_files
-    from training.arguments import Args
-    from training.sources import load_examples, render
+    from hf_specdec.training.arguments import Args
+    from hf_specdec.training.sources import load_examples, render
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_files())
     examples, _ = load_examples(Args(data="sharegpt"), verbose=False)

@@ -191,8 +191,8 @@ class ShippedRun:
                 "--data-cache-dir", str(self.work / "data"), "--dtype", "float32"]
 
     def data_meta(self, num_generate: int) -> dict | None:
-        from training.arguments import parse_args
-        from training.prepare import data_cache_key
+        from hf_specdec.training.arguments import parse_args
+        from hf_specdec.training.prepare import data_cache_key
 
         args, _ = parse_args(self.data_args(num_generate))
         done = self.work / "data" / data_cache_key(args) / "meta.json"
@@ -293,7 +293,7 @@ class ShippedRun:
 
     @staticmethod
     def steps_done(out: Path) -> int:
-        from training.checkpoints import latest_checkpoint
+        from hf_specdec.training.checkpoints import latest_checkpoint
 
         found = latest_checkpoint(out)
         return int(found.name.split("-")[1]) if found else 0
@@ -332,7 +332,7 @@ class ShippedRun:
     @staticmethod
     def best_folder(out: Path) -> Path | None:
         """The published drafter (the run finished), else its best checkpoint."""
-        from training.checkpoints import best_folder
+        from hf_specdec.training.checkpoints import best_folder
 
         return out if (out / "model.safetensors").exists() and (out / "config.json").exists() else best_folder(out)
 
@@ -421,8 +421,8 @@ class ShippedRun:
         import numpy
         from safetensors.numpy import load_file
 
-        from training.arguments import parse_args
-        from training.prepare import data_cache_key
+        from hf_specdec.training.arguments import parse_args
+        from hf_specdec.training.prepare import data_cache_key
 
         args, _ = parse_args(self.data_args(num_generate))
         path = self.work / "data" / data_cache_key(args) / "train.safetensors"

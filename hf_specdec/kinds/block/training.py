@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from training.adapters import unwrap_drafter
-from training.losses import distill_loss
+from ...training.adapters import unwrap_drafter
+from ...training.losses import distill_loss
 
 from ..eagle3.training import Eagle3Training, shifted_fused
 from .model import BlockDrafterConfig

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig
 
-from training.adapters import Adapter, unwrap_drafter
-from training.target import target_folder
-from training.losses import distill_loss
+from ...training.adapters import Adapter, unwrap_drafter
+from ...training.target import target_folder
+from ...training.losses import distill_loss
 
 from ...errors import InputError
 from .drafter import context_modules, embedded

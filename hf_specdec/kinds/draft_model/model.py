@@ -11,8 +11,8 @@ those rows of the target's LM head: on a CPU the 49152-row head is most of a sma
 returns FULL-vocabulary logits, -inf outside the subset, so `DraftModelDrafter`, greedy and sampling stay exact: the
 target verifies every token, a drafter only decides how many are accepted.
 
-    import hf_specdec.kinds  # registers the drafter kinds (this model type included) with the Auto classes
-    drafter = AutoModelForCausalLM.from_pretrained("path/to/drafter")
+    drafter = hf_specdec.AutoDrafter.from_pretrained("path/to/drafter")  # (AutoModelForCausalLM loads it too, once
+                                                                         #  any hf_specdec name has been used)
     target.generate(**inputs, custom_generate=hf_specdec.speculative_generate, assistant=drafter, do_sample=False)
 
 `speculative_generate` binds the drafter to the target it decodes with; call `drafter.bind_target(target)` yourself

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from .model import SpecDrafterForCausalLM, drafter_config_from_target
 
-from training.adapters import Adapter
+from ...training.adapters import Adapter
 
 
 class TokenTraining(Adapter):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from training.losses import token_loss
+from ...training.losses import token_loss
 
 from ..draft_model.training import TokenTraining
 

@@ -14,9 +14,9 @@ from ...cache.hidden import entering_layers
 from ...errors import InputError
 from .model import Eagle3Config
 
-from training.adapters import Adapter, unwrap_drafter
-from training.losses import token_loss
-from training.target import target_folder
+from ...training.adapters import Adapter, unwrap_drafter
+from ...training.losses import token_loss
+from ...training.target import target_folder
 
 
 class Eagle3Training(Adapter):

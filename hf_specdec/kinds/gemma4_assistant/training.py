@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from training.adapters import Adapter
-from training.losses import distill_loss
+from ...training.adapters import Adapter
+from ...training.losses import distill_loss
 
 from ...errors import InputError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from training.adapters import Adapter, unwrap_drafter
-from training.losses import distill_loss
+from ...training.adapters import Adapter, unwrap_drafter
+from ...training.losses import distill_loss
 
 from .model import MedusaConfig
 

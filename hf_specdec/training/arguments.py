@@ -13,7 +13,7 @@ from transformers import HfArgumentParser
 from hf_specdec.errors import InputError
 from hf_specdec.kind_options import range_errors
 
-#: the distillation losses (training/losses.py)
+#: the distillation losses (losses.py)
 LOSSES = ("fkl", "rkl", "tvd", "jsd", "lk-alpha", "lk-hybrid", "ce")
 
 
