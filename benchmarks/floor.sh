@@ -4,7 +4,7 @@
 # default policy), interleaved prompt by prompt, each hf_specdec row's tokens/s over the no-drafts row's (and that row's
 # over plain) with a 95% interval over prompts. 96 new tokens, cap k = 5, a fresh cache folder (the calibrations of the
 # first call included, as a new user's first calls pay them).
-#   bash benchmarks/floor.sh                    # every mode (about 40 minutes on 2 cores, a quiet machine)
+#   bash benchmarks/floor.sh                    # every mode (about 45 minutes on 2 cores, a quiet machine)
 #   bash benchmarks/floor.sh b4 t07             # only these
 set -euo pipefail
 cd "$(dirname "$0")/.."
