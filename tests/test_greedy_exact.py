@@ -259,7 +259,8 @@ def test_a_drafting_step_that_catches_up_does_not_price_drafting():
 def test_exploring_from_plain_steps_spends_at_most_its_budget():
     """From plain steps the policy still tries a draft now and then (plain steps measure no acceptance), but only as
     often as that draft's estimated loss allows: every 32 steps where a drafted width costs little more than one token
-    (one row), about every 70 where it costs 1.6 plain steps (a batch on a CPU), which had drafted for nothing every 32."""
+    (one row), about every 70 where it costs 1.6 plain steps (a batch on a CPU), which had drafted for nothing every
+    32."""
     def explorations(two_token_cost):
         policy = AdaptiveDraftLength(confidence_threshold=None)
         policy.start(1)

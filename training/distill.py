@@ -64,8 +64,9 @@ from hf_specdec.auto_drafter import AutoDrafter  # noqa: E402
 
 from hf_specdec.training.adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter  # noqa: E402
 from hf_specdec.training.arguments import Args, autocast_precision, check_output_dir, run_arguments  # noqa: E402
-from hf_specdec.training.checkpoints import (RunLog, TrainState, best_folder, data_description, dataset_ids, publish_drafter,  # noqa: E402
-                          push_to_hub, resume, save_checkpoint, save_drafter, start_output_dir, training_command)
+from hf_specdec.training.checkpoints import (  # noqa: E402
+    RunLog, TrainState, best_folder, data_description, dataset_ids, publish_drafter, push_to_hub, resume,
+    save_checkpoint, save_drafter, start_output_dir, training_command)
 from hf_specdec.training.data import collate, epoch_batches  # noqa: E402
 from hf_specdec.training.evaluate import column_map, draft_vocab_coverage, evaluate, top1_hits  # noqa: E402
 from hf_specdec.training.launch import relaunch_for_cpu_processes  # noqa: E402
