@@ -12,6 +12,8 @@ import importlib
 
 from . import registry  # (light: no torch)
 
+registry.register_kinds_from(f"{__name__}.kinds")  # the built-in kinds, imported at the registry's first lookup
+
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
@@ -41,7 +43,7 @@ _EXPORTS = {
 def __getattr__(name: str):
     if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
-    importlib.import_module(".kinds", __name__)  # every drafter kind registered before any of them is used
+    registry.drafter_kinds()  # every drafter kind registered (its package imported) before any of them is used
     if name == "__all__":  # (for `from hf_specdec import *`)
         return [*_EXPORTS, *sorted(registry.kind_classes())]
     if name in _EXPORTS:

@@ -1,7 +1,6 @@
 """The grammar of assistant names: parsed once per call by the resolver (`assistants.py`), by the command line's check
 of a name before anything loads (`check`), and listed by the errors (`known_names`). The words are the registry's
-kinds built from a name (`registry.py`), a kind registered from outside included. Light on purpose: no torch, no
-transformers.
+kinds built from a name (`registry.py`), a kind registered from outside included.
 
     "ngram"                   n-gram lookup over the prompt and the output so far (no model)
     "suffix"                  suffix decoding: earlier calls' prompts and outputs (kept with the target) and this call's
@@ -85,9 +84,7 @@ def parse(spec: str, target=None, sampling: bool = False) -> Name:
 
 def _parse_one(piece: str) -> Part:
     name, colon, argument = piece.partition(":")
-    # the model-free names without importing anything heavy; any other (a kind with a model, such as "mtp") after
-    # importing the kinds that load models
-    kind = named_kinds(complete=False).get(name) or named_kinds().get(name)
+    kind = named_kinds().get(name)
     # registered names win: a folder called "ngram" in the working directory is named by a path ("./ngram")
     if kind is None and name not in shipped_drafter_names() and Path(piece).exists():
         return Part(source=piece)

@@ -1,10 +1,10 @@
 """The registry of drafter kinds: every kind of drafter the project knows, each joining with one line.
 
 A kind is what `assistant=`, `AutoDrafter`, the command line, the trainer and the exports look up; none of them names
-a kind. A kind either builds its drafter from a name (`build`: the model-free kinds below, used as `assistant="ngram"`
-or `"self:12"`), or loads a drafter model (`config_class` / `model_class` / `drafter_class`: the trained kinds, one
-folder each under `hf_specdec/kinds/`, registered in `kinds/__init__.py`), or both. Adding a kind is its code plus one
-line, from any package (as peft's `register_peft_method`):
+a kind. A kind either builds its drafter from a name (`build`: `assistant="ngram"` or `"self:12"`), or loads a drafter
+model (`config_class` / `model_class` / `drafter_class`), or both. The built-in kinds are one folder each under
+`hf_specdec/kinds/`, and their lines are `kinds/__init__.py`; this module holds only the registry, and names no kind.
+Adding a kind is its code plus one line, from any package (as peft's `register_peft_method`):
 
     register_drafter_kind(DrafterKind("my-kind", MyConfig, MyModel, MyDrafter, options=MyOptions,
                                       exporters={"vllm-x": export_x}, training="my_package.train:MyAdapter"))
@@ -16,10 +16,10 @@ its drafter's keywords and what follows ':' in its name ("runs/heads:chain", "se
 Several kinds may share a config class (token-only and EAGLE-style drafters are both `SpecDrafterConfig`); `matches`
 then tells them apart. `build`, exporters and `training` are callables or the "module:attribute" that names one, so
 that what is not used is never imported: decoding (and the `custom_generate/` copy of it) never loads export or
-training code, and this module imports neither torch nor transformers, so that the command line checks a name before
-anything heavy loads. Exporters are `exporter(model, target, out_folder, dtype)`; `training` is the kind's training
-adapter (a subclass of `hf_specdec.training.adapters.Adapter`: how to build, feed and score the kind), which
-`training/distill.py --drafter <kind name>` loads.
+training code. Exporters are `exporter(model, target, out_folder, dtype)`; `training` is the kind's training adapter (a
+subclass of `hf_specdec.training.adapters.Adapter`: how to build, feed and score the kind), which
+`training/distill.py --drafter <kind name>` loads. The lookups import the modules named by `register_kinds_from` first
+(the package names `hf_specdec.kinds`), so that `import hf_specdec` costs no torch import.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .kind_options import KindOptions, option
+from .kind_options import KindOptions
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class DrafterKind:
 
 
 _KINDS: dict[str, DrafterKind] = {}
+_PENDING: list[str] = []  # modules that register kinds, not imported yet (`register_kinds_from`)
 CAUSAL_LM = "causal-lm"  # the kind any causal LM with the target's vocabulary is (kinds/__init__.py)
 
 
@@ -104,11 +105,9 @@ def drafter_kinds() -> list[DrafterKind]:
     return list(_registered().values())
 
 
-def named_kinds(complete: bool = True) -> dict[str, DrafterKind]:
-    """The kinds an assistant name builds (`assistant="ngram"`), by name; `complete=False`: those registered so far
-    (the model-free ones below at least), without importing the kinds with models."""
-    kinds = _registered() if complete else _KINDS
-    return {kind.name: kind for kind in kinds.values() if kind.build is not None}
+def named_kinds() -> dict[str, DrafterKind]:
+    """The kinds an assistant name builds (`assistant="ngram"`), by name."""
+    return {kind.name: kind for kind in _registered().values() if kind.build is not None}
 
 
 def kind_of(config) -> DrafterKind | None:
@@ -182,10 +181,22 @@ def drafter_config(source):
     return AutoConfig.from_pretrained(source)
 
 
+def register_kinds_from(module: str) -> None:
+    """Name a module whose import registers kinds, imported at the first lookup: `hf_specdec/__init__.py` names the
+    built-in kinds' package so, which keeps `import hf_specdec` light and this module ignorant of every kind."""
+    if module not in _PENDING:
+        _PENDING.append(module)
+
+
 def _registered() -> dict[str, DrafterKind]:
-    """Every kind: the kinds with models register when their package (`kinds/`) is first imported, which the lookups
-    that need them do here, so that their callers depend on this module alone (names need none of them)."""
-    importlib.import_module(".kinds", __package__)  # (after the first time, a look-up in sys.modules)
+    """Every kind: the modules named by `register_kinds_from` imported first (once)."""
+    while _PENDING:
+        module = _PENDING.pop(0)  # (first: a lookup made while it imports finds it done)
+        try:
+            importlib.import_module(module)
+        except BaseException:
+            _PENDING.insert(0, module)
+            raise
     return _KINDS
 
 
@@ -210,34 +221,5 @@ class _AttributeView:
         return None
 
 
-# the kinds built from a name alone, one line each (the kinds with models: kinds/__init__.py)
-_DRAFT_MODELS = "hf_specdec.kinds.draft_model"  # self-speculation and cut layers are draft models of the target's own
-register_drafter_kind(DrafterKind("ngram", build="hf_specdec.drafters.ngram:NgramDrafter.for_target",
-                                  description="n-gram lookup over the prompt and the output so far"))
-register_drafter_kind(DrafterKind("suffix", build="hf_specdec.drafters.suffix:SuffixDrafter.for_target",
-                                  description="suffix decoding: what followed the text's suffix in earlier calls (kept "
-                                              "with the target) and in this one"))
-register_drafter_kind(DrafterKind("recycle", build="hf_specdec.drafters.recycle:RecycleDrafter.for_target",
-                                  description="token recycling: the target's own top-k successors"))
-register_drafter_kind(DrafterKind("none", build="hf_specdec.drafters.plain:PlainDrafter.for_target",
-                                  description="no drafts: plain steps through hf_specdec's loop"))
-
-
-@dataclass
-class SelfOptions(KindOptions):
-    num_layers: int | None = option(None, "the target's first N layers draft (default: half of them)", argument=True)
-
-
-@dataclass
-class LayersOptions(KindOptions):
-    num_layers: int | None = option(None, "the target's first N layers make the draft model", argument=True,
-                                    required=True)
-
-
-register_drafter_kind(DrafterKind("self", options=SelfOptions, description="the target's own first N layers (default: half)",
-                                  build=f"{_DRAFT_MODELS}.self_speculative:SelfSpeculativeDrafter.for_target"))
-register_drafter_kind(DrafterKind("layers", options=LayersOptions, description="an untrained draft model cut from the first N layers",
-                                  build=f"{_DRAFT_MODELS}.drafter:DraftModelDrafter.for_target"))
-
 __all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_folder", "kind_of_model",
-           "kind_classes", "export_formats", "published_formats", "drafter_config", "resolved"]
+           "kind_classes", "export_formats", "published_formats", "drafter_config", "resolved", "register_kinds_from"]

@@ -1,10 +1,13 @@
-"""The drafter kinds that load a model, one folder each, and their lines in the registry (`hf_specdec/registry.py`).
+"""The built-in drafter kinds: their lines in the registry (`hf_specdec/registry.py`), and the kinds that load a
+model, one folder each.
 
 A kind's folder, `kinds/<kind>/` (as peft keeps one per method), holds `options.py` (its options: trainer flags,
 config fields, drafter keywords, a name's ':arg'), `model.py` (its config and model), `drafter.py` (how it decodes),
 `training.py` (its training adapter) and `formats.py` (other projects' layouts of its drafters: vLLM's, speculators',
 SafeAILab's..., read and written: `hf_specdec/formats/`). Importing this package registers them (and their configs
-with transformers' Auto classes); the registry imports it at its first lookup.
+with transformers' Auto classes); the registry imports it at its first lookup (`hf_specdec/__init__.py` names it so).
+The kinds built from a name alone have no folder: their drafters are in `hf_specdec/drafters/` (n-gram lookup, suffix
+decoding, token recycling) or are draft models cut from the target (`draft_model/`: "self", "layers:N").
 """
 
 from __future__ import annotations
@@ -13,10 +16,27 @@ from transformers import AutoModelForCausalLM
 
 from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
 from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel, BlockOptions
-from .draft_model import DraftModelDrafter, SpecDrafterConfig, SpecDrafterForCausalLM, TokenOptions
+from .draft_model import (DraftModelDrafter, LayersOptions, SelfOptions, SpecDrafterConfig, SpecDrafterForCausalLM,
+                          TokenOptions)
 from .eagle import EagleDrafter, EagleOptions
 from .eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter, Eagle3Options
 from .medusa import MedusaConfig, MedusaDrafter, MedusaHeads, MedusaOptions
+
+# the kinds built from a name alone, one line each
+_DRAFTERS = "hf_specdec.drafters"
+register_drafter_kind(DrafterKind("ngram", build=f"{_DRAFTERS}.ngram:NgramDrafter.for_target",
+                                  description="n-gram lookup over the prompt and the output so far"))
+register_drafter_kind(DrafterKind("suffix", build=f"{_DRAFTERS}.suffix:SuffixDrafter.for_target",
+                                  description="suffix decoding: what followed the text's suffix in earlier calls (kept "
+                                              "with the target) and in this one"))
+register_drafter_kind(DrafterKind("recycle", build=f"{_DRAFTERS}.recycle:RecycleDrafter.for_target",
+                                  description="token recycling: the target's own top-k successors"))
+register_drafter_kind(DrafterKind("none", build=f"{_DRAFTERS}.plain:PlainDrafter.for_target",
+                                  description="no drafts: plain steps through hf_specdec's loop"))
+register_drafter_kind(DrafterKind("self", options=SelfOptions, description="the target's own first N layers (default: half)",
+                                  build=f"{__name__}.draft_model.self_speculative:SelfSpeculativeDrafter.for_target"))
+register_drafter_kind(DrafterKind("layers", options=LayersOptions, description="an untrained draft model cut from the first N layers",
+                                  build=f"{__name__}.draft_model.drafter:DraftModelDrafter.for_target"))
 
 # one line a kind: its folder holds the config, model, drafter, options, exporter and training adapter named here
 register_drafter_kind(DrafterKind(

@@ -1,4 +1,5 @@
-"""The options of a token-only drafter (EAGLE-style drafters add theirs: `kinds/eagle/options.py`)."""
+"""The options of a token-only drafter (EAGLE-style drafters add theirs: `kinds/eagle/options.py`), and of the draft
+models cut from the target itself (self-speculation, `layers:N`)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,14 @@ class TokenOptions(KindOptions):
     def check(self):
         super().check()
         check_ranges(self, positive=("drafter_layers",), non_negative=("drafter_intermediate_size",))
+
+
+@dataclass
+class SelfOptions(KindOptions):
+    num_layers: int | None = option(None, "the target's first N layers draft (default: half of them)", argument=True)
+
+
+@dataclass
+class LayersOptions(KindOptions):
+    num_layers: int | None = option(None, "the target's first N layers make the draft model", argument=True,
+                                    required=True)
