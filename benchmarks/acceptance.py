@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 import hf_specdec
 from hf_specdec.cli.bench import encode_prompt
-from hf_specdec.prompts import read_prompts
+from hf_specdec.data import read_prompts
 from hf_specdec.default_model import load_target  # the same deployed target as training and its evaluation
 
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 R=${OUT:-benchmarks/results}
 mkdir -p "$R"
 # a fresh cache folder (fresh calibrations), holding the converted default target of the usual one
-kept=$(python -c "from hf_specdec.default_model import cache_dir; print(cache_dir())")
+kept=$(python -c "from hf_specdec.speed.machine import cache_dir; print(cache_dir())")
 export HF_SPECDEC_CACHE=$(mktemp -d)
 for item in "$kept"/*/; do
   case "$(basename "$item")" in cpu_matmul) ;; *) ln -s "$item" "$HF_SPECDEC_CACHE/$(basename "$item")" ;; esac

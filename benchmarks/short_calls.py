@@ -72,7 +72,7 @@ def first_call(method: str, threads: int) -> dict:
 
 
 def first_calls(methods: list[str], rounds: int, threads: int, cold: bool) -> dict:
-    import hf_specdec.cpu_matmul as cpu_matmul
+    import hf_specdec.speed.cpu_matmul as cpu_matmul
 
     times = {m: [] for m in methods}
     for r in range(rounds):

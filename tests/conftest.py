@@ -22,7 +22,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from hf_specdec.default_model import DEFAULT_TARGET_NAME, cache_dir
+from hf_specdec.default_model import DEFAULT_TARGET_NAME
+from hf_specdec.speed.machine import cache_dir
 
 
 def _own_cache_folder() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hf_specdec import MedusaConfig, MedusaHeads
-from hf_specdec.draft_length import AdaptiveDraftLength, CalibratedDraftLength
+from hf_specdec.generation.draft_length import AdaptiveDraftLength, CalibratedDraftLength
 from hf_specdec.drafters import CrossTokenizerDrafter, EagleDrafter
 from hf_specdec.kinds.draft_model.model import SpecDrafterForCausalLM, drafter_config_from_target
 from hf_specdec.cache.hidden import entering_layers, final_norm
@@ -173,7 +173,7 @@ def forwards_beside_transformers(target, prompts, theirs: dict, ours: dict, max_
     """The target forwards of transformers' own path (`theirs`: its generate() keywords) and of hf_specdec's loop
     (`ours`: speculative_generate's), over `prompts`, each prompt giving both the same tokens."""
     from hf_specdec import speculative_generate
-    from hf_specdec.diagnostics import count_forwards
+    from hf_specdec.speed.diagnostics import count_forwards
 
     counts = {"transformers": 0, "hf_specdec": 0}
     for prompt in prompts:

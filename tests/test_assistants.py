@@ -10,10 +10,10 @@ import torch
 
 import hf_specdec
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, as_drafter, speculative_generate
-from hf_specdec.assistants import resolve
-from hf_specdec.draft_length import _LEARNED
-from hf_specdec.names import check as check_name
-from hf_specdec.names import UnknownDrafterError
+from hf_specdec.assistants.resolve import resolve
+from hf_specdec.generation.draft_length import _LEARNED
+from hf_specdec.assistants.grammar import check as check_name
+from hf_specdec.assistants.grammar import UnknownDrafterError
 from hf_specdec.drafters import (DraftModelDrafter, FallbackDrafter, MedusaDrafter, NgramDrafter, SelfSpeculativeDrafter,
                                  SuffixDrafter)
 from tests.conftest import random_prompts, tiny_llama
@@ -178,7 +178,7 @@ def test_what_adaptive_learned_for_a_target_goes_with_it():
     which may reuse its id) starts afresh."""
     import gc
 
-    from hf_specdec.draft_length import policy_for_call
+    from hf_specdec.generation.draft_length import policy_for_call
 
     drafter = NgramDrafter()
     first = tiny_llama()
@@ -200,7 +200,7 @@ def test_what_adaptive_learned_for_a_target_goes_with_it():
 def test_concurrent_calls_decide_with_their_own_copy_of_what_adaptive_learned():
     """A call that finds the kept policy in use decides with a copy of it (nothing mutated by two calls at once); the
     call that ends last leaves its policy as the one the next call starts from."""
-    from hf_specdec.draft_length import policy_for_call
+    from hf_specdec.generation.draft_length import policy_for_call
 
     drafter, target = NgramDrafter(), tiny_llama()
     with policy_for_call("adaptive", drafter, target, 1) as first:

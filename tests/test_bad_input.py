@@ -10,7 +10,7 @@ from transformers import (MistralConfig, MistralForCausalLM, T5Config, T5ForCond
 import hf_specdec
 from hf_specdec import MedusaConfig, MedusaHeads, speculative_generate
 from hf_specdec.cache.keyword import CACHE
-from hf_specdec.diagnostics import count_forwards
+from hf_specdec.speed.diagnostics import count_forwards
 from hf_specdec.drafters import MedusaDrafter, RecycleDrafter
 from tests.conftest import perturbed_copy, random_prompts, tiny_llama
 from tests.speculation import assert_speculated

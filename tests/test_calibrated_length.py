@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate, step_costs
-from hf_specdec.draft_length import ChainAcceptance, RowAcceptance, StepOutcome
+from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate
+from hf_specdec.speed import step_costs
+from hf_specdec.generation.draft_length import ChainAcceptance, RowAcceptance, StepOutcome
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 from hf_specdec.generation import step
 from tests.conftest import perturbed_copy, tiny_llama
@@ -150,7 +151,7 @@ def test_a_batch_whose_drafts_only_move_one_row_ahead_stops_drafting():
     """LossWatch counts a batch's progress as its slowest row's: drafts that one row accepts while the other's fail
     make that row finish early, not the call; counted as emitted tokens (7 a drafting step against 2 a plain one)
     they looked like a win."""
-    from hf_specdec.draft_length import LossWatch
+    from hf_specdec.generation.draft_length import LossWatch
 
     watch = LossWatch()
     watch.record(StepOutcome(0, [0, 0], [0, 0], 0.0, 9.0, rows=[0, 1]))  # the first step: not counted
@@ -192,8 +193,8 @@ def test_drafts_are_priced_by_the_drafter_size(pair):
 def test_the_default_targets_default_is_the_shipped_choice_and_any_other_targets_is_ngram_lookup():
     """"default" for the embedded SmolLM2 is what its shipped drafters' default.json names (greedy: n-gram lookup
     backed by a shipped drafter; sampled: n-gram lookup), every part of it a kind or a shipped drafter."""
-    from hf_specdec.names import default_name, parse
-    from hf_specdec.shipped import shipped_default, shipped_drafter_names
+    from hf_specdec.assistants.grammar import default_name, parse
+    from hf_specdec.assistants.shipped import shipped_default, shipped_drafter_names
 
     greedy = parse("default", None)
     assert greedy.text == shipped_default(False) and len(greedy.parts) == 2
@@ -204,8 +205,8 @@ def test_the_default_targets_default_is_the_shipped_choice_and_any_other_targets
 def test_sampled_calls_draft_with_ngram_lookup_alone_by_default():
     """Under sampling "default" is n-gram lookup (the heads' drawn drafts did not pay: BENCHMARKS.md); greedy keeps the
     measured default; other names and drafter objects pass through."""
-    from hf_specdec.assistants import resolve
-    from hf_specdec.names import default_name, parse
+    from hf_specdec.assistants.resolve import resolve
+    from hf_specdec.assistants.grammar import default_name, parse
 
     assert parse("default", None, sampling=True).text == "ngram"
     assert parse("default+suffix", None, sampling=True).text == "ngram+suffix"
@@ -218,7 +219,7 @@ def test_a_greedy_call_whose_drafting_loses_notices_and_stops():
     """LossWatch: the call's drafting steps against its plain steps (one forced every few drafting steps while it has
     too few to compare), seconds per emitted token; drafting that costs more per token stops for the rest of the call,
     drafting that pays goes on."""
-    from hf_specdec.draft_length import LossWatch
+    from hf_specdec.generation.draft_length import LossWatch
 
     def run(draft_seconds: float, accepted: int) -> tuple[list[int], bool]:
         watch, lengths = LossWatch(), []
@@ -239,7 +240,7 @@ def test_a_greedy_call_whose_drafting_loses_notices_and_stops():
 def test_only_greedy_calls_watch_their_times(close_pair):
     """Sampled calls keep lengths that depend on their outcomes alone (a seed reproduces its sample); greedy ones
     (batches) may stop drafting on their times."""
-    from hf_specdec.draft_length import policy_for_call
+    from hf_specdec.generation.draft_length import policy_for_call
 
     target, _ = close_pair
     with policy_for_call(None, object(), target, 4, sampling=True) as sampled:

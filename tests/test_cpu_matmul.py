@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from hf_specdec import cpu_matmul, speculative_generate
+from hf_specdec import speculative_generate
+from hf_specdec.speed import cpu_matmul
 from tests.conftest import random_prompts, tiny_llama
 
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from hf_specdec import NgramDrafter, SpeculationStats, default_model, speculative_generate
+from hf_specdec.speed import machine
 from hf_specdec.kinds.draft_model.drafter import early_layers_draft_model
 from hf_specdec.cli.bench import encode_batch, encode_prompt
 from hf_specdec.cli import main
-from hf_specdec.shipped import shipped_drafter_names
+from hf_specdec.assistants.shipped import shipped_drafter_names
 from tests.speculation import assert_speculated
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev_prompts.jsonl"
@@ -27,10 +28,10 @@ CHAT_PROMPTS = [
 def test_cache_dir_honours_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_SPECDEC_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert default_model.cache_dir() == tmp_path / "hf" / "hf_specdec"
+    assert machine.cache_dir() == tmp_path / "hf" / "hf_specdec"
     monkeypatch.delenv("HF_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_model.cache_dir() == tmp_path / "xdg" / "hf_specdec"
+    assert machine.cache_dir() == tmp_path / "xdg" / "hf_specdec"
 
 
 def test_missing_package_says_how_to_install(monkeypatch):

@@ -38,11 +38,11 @@ def test_random_generate_options_decode_exactly_or_are_refused_as_listed(targets
 def test_the_fuzz_catches_a_wrong_acceptance_rule(targets, monkeypatch, one_thread):
     """Negative control: a rule off by one (it keeps the first rejected draft of a chain too) gives other tokens, and
     the fuzz says so."""
-    from hf_specdec.generation import validate
-    from hf_specdec.verification import Accepted
+    from hf_specdec.generation import verification
+    from hf_specdec.generation.verification import Accepted
 
     def one_too_many(self, draft, tree, scores, valid):
-        right = validate.greedy(draft.tokens, tree, scores, valid)
+        right = verification.greedy(draft.tokens, tree, scores, valid)
         if not tree.is_chain or valid is not None:
             return right
         n = (right.num_accepted + 1).clamp_max(draft.num_tokens)
@@ -51,7 +51,7 @@ def test_the_fuzz_catches_a_wrong_acceptance_rule(targets, monkeypatch, one_thre
                            torch.arange(draft.num_tokens, device=n.device)[None], -1)
         return Accepted(path, n, scores[rows, n].argmax(-1), n - 1)
 
-    monkeypatch.setattr(validate.GreedyRule, "accept", one_too_many)
+    monkeypatch.setattr(verification.GreedyRule, "accept", one_too_many)
     warnings.filterwarnings("ignore")
     results = [fuzz.run_case(i, 0, targets) for i in range(20)]
     assert sum(r["status"].startswith("DIFFERENT") for r in results) >= 3, [r["status"] for r in results]

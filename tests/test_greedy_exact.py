@@ -9,7 +9,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import DraftModelDrafter, NgramDrafter, SpeculationStats, speculative_generate
-from hf_specdec.draft_length import (
+from hf_specdec.generation.draft_length import (
     AdaptiveDraftLength,
     ChainAcceptance,
     ConstantDraftLength,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_specdec import SpeculationStats, speculative_generate
-from hf_specdec.diagnostics import count_host_syncs
+from hf_specdec.speed.diagnostics import count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, RecycleDrafter
 from hf_specdec.kinds.draft_model.self_speculative import SelfSpeculativeDrafter
 from tests.conftest import random_prompts, tiny_llama

@@ -28,7 +28,7 @@ import hf_specdec
 from hf_specdec import AutoDrafter, Eagle3Config, Eagle3DraftModel, MedusaConfig, MedusaHeads, SpecDrafterForCausalLM
 from hf_specdec.cli import main as cli
 from hf_specdec.drafters import DraftModelDrafter, Eagle3Drafter, EagleDrafter, MedusaDrafter
-from hf_specdec.export import export_drafter
+from hf_specdec.formats.export import export_drafter
 from hf_specdec.hub import bundle_sources, files_to_upload, render_model_card
 from hf_specdec.hub.card import drafter_kind
 from hf_specdec.integrations.custom_generate import generate

@@ -13,12 +13,12 @@ import torch
 import hf_specdec
 import hf_specdec.hub
 from hf_specdec import AutoDrafter, SpeculationStats, as_drafter, registry, speculative_generate
-from hf_specdec.export import export_drafter, exporter
+from hf_specdec.formats.export import export_drafter, exporter
 from hf_specdec.cli import main as cli_main
 from hf_specdec.drafters import DraftModelDrafter
 from hf_specdec.errors import InputError
 from hf_specdec.kind_options import KindOptions, option
-from hf_specdec.names import UnknownDrafterError, known_names
+from hf_specdec.assistants.grammar import UnknownDrafterError, known_names
 from hf_specdec.registry import DrafterKind, drafter_kinds, export_formats, kind_of, register_drafter_kind
 from tests.bigram_kind import BIGRAM, BigramConfig, BigramDrafter, BigramTable
 from tests.conftest import random_prompts, tiny_char_tokenizer, tiny_llama

@@ -17,7 +17,7 @@ from hf_specdec.drafters import MedusaDrafter
 from hf_specdec.drafters.positionwise import best_tree, tree_parents
 from hf_specdec.kinds.draft_model.model import TargetNotBoundError
 from hf_specdec.tree import Tree
-from hf_specdec.verification import Accepted, residual_distribution
+from hf_specdec.generation.verification import Accepted, residual_distribution
 from tests.conftest import random_prompts, tiny_llama, tiny_qwen2
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import (

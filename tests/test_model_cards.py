@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hf_specdec.hub.card import TEMPLATE, shipped_card
-from hf_specdec.shipped import SHIPPED_DIR, shipped_drafter_names
+from hf_specdec.assistants.shipped import SHIPPED_DIR, shipped_drafter_names
 
 REPO = Path(__file__).resolve().parents[1]
 CARDS = REPO / "model_cards"

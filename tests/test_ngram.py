@@ -7,12 +7,13 @@ import random
 import pytest
 import torch
 
-from hf_specdec import SpeculationStats, speculative_generate, verification
+from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.generation import verification
 from hf_specdec import as_drafter
 from hf_specdec.drafters import NgramDrafter
 from hf_specdec.drafters import DraftSettings
 from hf_specdec.drafters.ngram import NgramIndex
-from hf_specdec.sequences import Sequences
+from hf_specdec.generation.sequences import Sequences
 from tests.speculation import assert_speculated
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_sequences

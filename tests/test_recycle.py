@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import SpeculationStats, as_drafter, speculative_generate, verification
+from hf_specdec import SpeculationStats, as_drafter, speculative_generate
+from hf_specdec.generation import verification
 from hf_specdec.drafters import FallbackDrafter, NgramDrafter, RecycleDrafter
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches

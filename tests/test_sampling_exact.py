@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate, verification
+from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate
+from hf_specdec.generation import verification
 from tests.conftest import DEVICE, tiny_llama
 from tests.distribution import (
     captured_processors,

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec import SpeculationStats, speculative_generate, verification
+from hf_specdec import SpeculationStats, speculative_generate
+from hf_specdec.generation import verification
 from hf_specdec.drafters import FallbackDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter, SuffixIndex
 from hf_specdec.drafters.fallback import _Measured
-from hf_specdec import draft_length
+from hf_specdec.generation import draft_length
 from hf_specdec.drafters.base import DraftSettings, Verified
 from hf_specdec.drafters.suffix import SuffixArray, _Acceptance, _Node, index_of
-from hf_specdec.sequences import Sequences
+from hf_specdec.generation.sequences import Sequences
 from tests.conftest import ARCHITECTURES, random_prompts, tiny_char_tokenizer, tiny_llama
 from tests.distribution import captured_processors, chi_square_pvalue, exact_joint_distribution, sample_in_batches
 from tests.speculation import PAD, assert_speculated, fitted_heads, left_pad

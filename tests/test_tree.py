@@ -6,9 +6,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from hf_specdec import verification
+from hf_specdec.generation import verification
 from hf_specdec.tree import Tree
-from hf_specdec.verification import greedy, rejection_sample
+from hf_specdec.generation.verification import greedy, rejection_sample
 
 # root -> a(0), b(1); a -> c(2), d(3); b -> e(4); c -> f(5)
 TREE = Tree([-1, -1, 0, 0, 1, 2])

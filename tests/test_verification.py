@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from hf_specdec import verification
+from hf_specdec.generation import verification
 from hf_specdec.tree import Tree
-from hf_specdec.verification import greedy, one_hot_probs, rejection_sample, residual_distribution, typical, typical_bar
+from hf_specdec.generation.verification import greedy, one_hot_probs, rejection_sample, residual_distribution, typical, typical_bar
 
 
 def test_greedy_accepts_the_prefix_then_the_targets_token():

@@ -4,7 +4,7 @@ For each shape (`1b`: Llama-3.2-1B's, `8b`: Llama-3.1-8B's; `tiny` for a CPU che
   1. the loop's own cost per step against transformers' assisted loop, the target drafting for itself (every draft
      accepted), at batch 1 (and hf_specdec alone at batch 8);
   2. the verification cost T(n) / T(1) of a target forward of n = 1..64 new tokens on a 512-token cache;
-  3. host syncs per step (the counter of hf_specdec.diagnostics), batch 1 and 8;
+  3. host syncs per step (the counter of hf_specdec.speed.diagnostics), batch 1 and 8;
   4. tokens/s of plain greedy, of the target drafting for itself (acceptance 100%) and of n-gram lookup on a
      repetitive prompt, with tokens per target forward and whether the output equals plain greedy's (in bf16 a
      (k+1)-token and a 1-token forward may round differently, so "identical" is reported, not required).
@@ -31,7 +31,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from hf_specdec import SpeculationStats, speculative_generate
 from hf_specdec.cache.keyword import CACHE
 from hf_specdec.cli.bench import synchronize
-from hf_specdec.diagnostics import count_forwards, count_host_syncs
+from hf_specdec.speed.diagnostics import count_forwards, count_host_syncs
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab): the published configs' shapes

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
-from ..cpu_matmul import verifying
+from ..speed.cpu_matmul import verifying
 from ..errors import InputError
 from ..tree import Tree
 from .keyword import cache_keyword

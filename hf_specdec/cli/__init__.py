@@ -102,7 +102,7 @@ def _threads(n: int | None) -> None:
 def demo_command(args) -> int:
     import statistics
 
-    from ..names import check, default_name
+    from ..assistants.grammar import check, default_name
 
     if args.assistant:
         check(args.assistant)
@@ -165,15 +165,15 @@ def demo_command(args) -> int:
 
 
 def bench_command(args) -> int:
-    from ..names import check, default_name
-    from ..prompts import read_prompts
+    from ..assistants.grammar import check, default_name
+    from ..data import read_prompts
 
     prompts = read_prompts(args.prompts, args.num_prompts)  # every mistake is found before any model loads
     for name in (args.assistant or "default").split(","):
         check(name)
     check_device(args)
     _threads(args.threads)
-    from ..assistants import resolve
+    from ..assistants.resolve import resolve
     from .bench import format_table, plot_report, run_bench, write_json
 
     target, tokenizer = load_target_from(args, args.target)
@@ -228,7 +228,7 @@ def push_command(args) -> int:
 
 
 def export_command(args) -> int:
-    from ..export import check_exportable, export_drafter
+    from ..formats.export import check_exportable, export_drafter
 
     check_exportable(args.folder, args.format)  # before the target loads
     check_device(args)
@@ -243,7 +243,7 @@ def calibrate_command(args) -> int:
     _threads(args.threads)
     import torch
 
-    from .. import cpu_matmul, step_costs
+    from ..speed import cpu_matmul, step_costs
 
     target, _ = load_target_from(args, args.target)
     shapes = {(m.out_features, m.in_features) for m in target.modules() if type(m) is torch.nn.Linear}

@@ -106,7 +106,7 @@ def measure_target_costs(target, k: int, context: int = 200) -> dict:
     """Median target forward time for 1 and for k+1 new tokens on a `context`-token cache, as the loop runs them."""
     from transformers import DynamicCache
 
-    from ..cpu_matmul import fast_linear
+    from ..speed.cpu_matmul import fast_linear
 
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, context), device=target.device)

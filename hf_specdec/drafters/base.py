@@ -5,8 +5,7 @@ Per `generate()` call the loop calls:
     drafter.start(target, seqs, settings)       # reset per-call state, validate; `target` is the target's RaggedKV
     loop:
         draft = drafter.propose(seqs, max_tokens)               # up to max_tokens tokens per row (+ their q)
-        logits = drafter.verify(target, pending, pending_valid, draft)   # hook: ONE target forward (default below)
-        ... the loop accepts a path per row ...
+        ... ONE target forward verifies the drafts, and the call's rule accepts a path per row ...
         drafter.accepted(seqs, verified)                        # hook: what was kept, the target's hidden states
         drafter.select_rows(rows)                               # when finished rows leave the batch
     drafter.end()                                               # hook: the call is over (its rows have finished)
@@ -31,9 +30,19 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..generation.processors import for_rows
 from ..tree import Tree
 from ..errors import InputError
+
+
+def for_rows(processor, rows: list[int]):
+    """`processor` as it applies to these rows of the caller's batch: one that holds a value per row (the repetition
+    penalty's left-padding lengths, since transformers 5) gets a copy holding theirs, in this order."""
+    per_row = getattr(processor, "prompt_ignore_length", None)
+    if not isinstance(per_row, torch.Tensor):
+        return processor
+    copy = object.__new__(type(processor))
+    copy.__dict__.update(processor.__dict__, prompt_ignore_length=per_row[torch.tensor(rows, device=per_row.device)])
+    return copy
 
 
 @dataclass
@@ -222,17 +231,11 @@ class Drafter:
     def propose(self, seqs, max_tokens: int) -> Draft:
         raise NotImplementedError
 
-    def verify(self, target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft) -> torch.Tensor:
-        """The verification forward: each row's uncached tokens `pending` [B, u] (host mask `pending_valid`), then its
-        draft, in ONE target forward. Returns float32 logits [B, T + 1, V] (row 0 after the last pending token, row
-        i + 1 after node i). Drafters that already ran part of the target (self-speculation) override it."""
-        tree = draft.shape
-        valid = draft.valid_mask()
-        if tree.is_chain:
-            nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
-            block_valid = torch.cat([pending_valid, nodes], dim=1)
-            return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
-        return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
+    def own_verification(self, target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft):
+        """This step's verification logits if this drafter computes them its own way (it ran part of the target as it
+        drafted: self-speculation), else None: the step runs its one target forward (`verify` in
+        `generation/verification.py`, which says what the arguments and the logits are)."""
+        return None
 
     def accepted(self, seqs, verified: Verified) -> None:
         """`seqs` now ends with each row's accepted drafts plus the target's token."""

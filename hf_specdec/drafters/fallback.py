@@ -52,7 +52,7 @@ class FallbackDrafter(Drafter):
         self.second.start(target, seqs, settings)
         self.used_first = [True] * seqs.size
         self.second_counts = [0] * seqs.size
-        self.verifier: Drafter | None = None  # the part whose `verify` verifies this step's draft (None: the default)
+        self.verifier: Drafter | None = None  # the part that drafted this step alone (its `own_verification`)
 
     def accepted(self, seqs, verified):
         ours = verified.mine or [True] * len(self.used_first)  # (inside another fallback: the rows it gave us)
@@ -75,11 +75,11 @@ class FallbackDrafter(Drafter):
         self.first.end()
         self.second.end()
 
-    def verify(self, target, pending, pending_valid, draft):
+    def own_verification(self, target, pending, pending_valid, draft):
         # a drafter that ran part of the target as it drafted (self-speculation in the target's cache) verifies the
-        # steps it drafted alone; a plain step (no proposal asked for) and mixed rows take the ordinary forward
+        # steps it drafted alone; a plain step (no proposal asked for) and mixed rows take the step's own forward
         verifier, self.verifier = self.verifier, None
-        return (verifier or super()).verify(target, pending, pending_valid, draft)
+        return verifier.own_verification(target, pending, pending_valid, draft) if verifier is not None else None
 
     def propose(self, seqs, max_tokens):
         if self.sizes_own_drafts:

@@ -3,7 +3,7 @@
 Batched drafters (every kind the registry knows, n-gram lookup, self-speculation) do not need this; it is how a
 `SequenceDrafter` (a cross-tokenizer drafter, your own drafter, a transformers `CandidateGenerator`) works at any batch
 size: its proposals are drafted row by row and verified together in the one batched target forward. The loop wraps
-such drafters once, at the boundary (`hf_specdec.assistants.as_drafter`).
+such drafters once, at the boundary (`hf_specdec.assistants.resolve.as_drafter`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-from ..draft_length import StepOutcome
+from .draft_length import StepOutcome
 
 
 class Stopper:

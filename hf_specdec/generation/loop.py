@@ -19,20 +19,20 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
-from ..assistants import resolve
+from ..assistants.resolve import resolve
 from ..cache.keyword import CACHE
 from ..cache.ragged import RaggedKV
-from ..cpu_matmul import routed
-from ..draft_length import policy_for_call
-from ..draft_length import DraftLengthPolicy
-from ..drafters.base import Drafter, DraftSettings
+from ..speed.cpu_matmul import routed
+from .draft_length import policy_for_call
+from .draft_length import DraftLengthPolicy
+from ..drafters.base import Drafter, DraftSettings, for_rows
 from ..errors import InputError
-from ..sequences import Sequences
+from .sequences import Sequences
 from .emit import Stopper, emit
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .step import DeviceClock, speculative_step
-from .processors import for_rows
-from .validate import AcceptRule, decodes_rows_alone, request_for, validate
+from .validate import decodes_rows_alone, request_for, validate
+from .verification import AcceptRule
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SpeculationOptions:
     the arguments its signature names).
 
     assistant: a drafter name such as 'ngram' or 'distilled', a draft model, a `Drafter`, a folder or Hub id (see
-        `hf_specdec.assistants`).
+        `hf_specdec.assistants.resolve`).
     num_draft_tokens: the most drafts per step (None: the drafter's own default).
     speculation_stats: a `SpeculationStats` to accumulate into (None: a fresh one, returned with dict outputs).
     draft_length: 'constant', 'adaptive', 'calibrated' or a policy (`draft_length.py`); None: adaptive for greedy

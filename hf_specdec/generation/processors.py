@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import generation as tg
 
+from ..drafters.base import for_rows
+
 #: processors whose output, row by row, depends on the scores alone (exact classes: a subclass may read input_ids)
 SCORES_ONLY = tuple(getattr(tg, name) for name in (
     "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
@@ -52,17 +54,6 @@ def process_block(processors, seqs, draft, logits: torch.Tensor) -> torch.Tensor
             b, r = (torch.tensor(i, device=scores.device) for i in zip(*members))
             scores[b, r] = for_rows(processor, [seqs.index[row] for row, _ in members])(ids, scores[b, r])
     return scores
-
-
-def for_rows(processor, rows: list[int]):
-    """`processor` as it applies to these rows of the caller's batch: one that holds a value per row (the repetition
-    penalty's left-padding lengths, since transformers 5) gets a copy holding theirs, in this order."""
-    per_row = getattr(processor, "prompt_ignore_length", None)
-    if not isinstance(per_row, torch.Tensor):
-        return processor
-    copy = object.__new__(type(processor))
-    copy.__dict__.update(processor.__dict__, prompt_ignore_length=per_row[torch.tensor(rows, device=per_row.device)])
-    return copy
 
 
 __all__ = ["process_block", "SCORES_ONLY"]

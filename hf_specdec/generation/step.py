@@ -10,6 +10,7 @@ import torch
 
 from ..drafters.base import Draft, Verified
 from .processors import process_block
+from .verification import verify
 
 
 @dataclass
@@ -38,7 +39,9 @@ def speculative_step(run) -> Step:
     drafted = run.clock.now()
 
     # 2. Verify each row's uncached tokens and its draft in ONE target forward, through generate()'s processors.
-    logits = run.drafter.verify(target, run.pending, run.pending_valid, draft)
+    logits = run.drafter.own_verification(target, run.pending, run.pending_valid, draft)
+    if logits is None:
+        logits = verify(target, run.pending, run.pending_valid, draft)
     scores = process_block(run.processors, seqs, draft, logits)
 
     # 3. Accept a path per row by the call's rule; the token after it always comes from the target.

@@ -1,10 +1,8 @@
-"""Every check a call can fail, done before any forward pass, so that a bad call leaves the model untouched; and the
-acceptance rule, chosen once per call."""
+"""Every check a call can fail, done before any forward pass, so that a bad call leaves the model untouched."""
 
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import dataclass
 
 from transformers import Cache, DynamicCache
@@ -13,63 +11,10 @@ from ..cache.keyword import CACHE, cache_keyword
 from ..cache.ragged import can_roll_back, has_sliding_window, mixes_slots
 from ..drafters.base import Drafter
 from ..errors import InputError
-from ..verification import Accepted, greedy, rejection_sample, typical
+from .verification import AcceptRule, accept_rule
 
 #: generate() inputs the loop handles itself
 MODEL_KWARGS_HANDLED = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep"}
-
-
-class AcceptRule:
-    """The verification rule of a call, one class per rule, chosen once (`accept_rule`): called with a draft and the
-    target's processed scores, it returns the accepted path of every row."""
-
-    def __call__(self, draft, scores) -> Accepted:
-        valid = draft.valid_mask()
-        return self.accept(draft, draft.shape, scores, None if valid is None else valid.to(scores.device))
-
-    def accept(self, draft, tree, scores, valid) -> Accepted:
-        raise NotImplementedError
-
-
-class GreedyRule(AcceptRule):
-    """Greedy decoding: the longest path of drafts that are the target's argmax (exact)."""
-
-    def accept(self, draft, tree, scores, valid):
-        return greedy(draft.tokens, tree, scores, valid)
-
-
-class RejectionRule(AcceptRule):
-    """Sampling: rejection sampling against the drafter's q, recursively over siblings in a tree (exact)."""
-
-    def accept(self, draft, tree, scores, valid):
-        return rejection_sample(draft.tokens, tree, scores.softmax(dim=-1), draft.probs, valid)
-
-
-@dataclass(frozen=True)
-class TypicalRule(AcceptRule):
-    """Typical acceptance (Cai et al. 2024): lossy, used only when asked for."""
-
-    threshold: float
-    alpha: float
-
-    def accept(self, draft, tree, scores, valid):
-        return typical(draft.tokens, tree, scores.softmax(dim=-1), self.threshold, self.alpha, valid)
-
-
-def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
-    if verification_mode == "exact":
-        return RejectionRule() if generation_config.do_sample else GreedyRule()
-    if verification_mode != "typical":
-        raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
-    if not generation_config.do_sample:
-        raise InputError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
-                         "(drop verification= or pass do_sample=True).")
-    if not (0 <= threshold <= 1) or alpha < 0:
-        raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
-                         f"(got {threshold}, {alpha}).")
-    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
-                  "(typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
-    return TypicalRule(float(threshold), float(alpha))
 
 
 @dataclass
@@ -214,5 +159,4 @@ def validate_batch(model, generation_config, cache) -> None:
         raise InputError("Batched generation needs a pad token: set pad_token_id.")
 
 
-__all__ = ["validate", "decodes_rows_alone", "request_for", "Request", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "accept_rule",
-           "MODEL_KWARGS_HANDLED"]
+__all__ = ["validate", "decodes_rows_alone", "request_for", "Request", "MODEL_KWARGS_HANDLED"]

@@ -16,7 +16,7 @@ from .. import default_model
 from ..default_model import DEFAULT_TARGET_NAME
 from ..registry import drafter_config, kind_of
 from ..models.borrowed import BorrowsFromTarget
-from ..shipped import shipped_drafter_names, shipped_folder
+from ..assistants.shipped import shipped_drafter_names, shipped_folder
 from .bundle import CUSTOM_GENERATE_DIR
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "drafter.md"

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_specdec.default_model import cache_dir
+from hf_specdec.speed.machine import cache_dir
 from hf_specdec.errors import InputError
 
 from .arguments import Args

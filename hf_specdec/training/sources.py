@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hf_specdec.errors import InputError, json_lines, one_line
 from hf_specdec.default_model import is_hub_id
-from hf_specdec.prompts import DEV_PROMPTS
+from hf_specdec.data import DEV_PROMPTS
 
 from .arguments import Args
 

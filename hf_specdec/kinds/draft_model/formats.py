@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from ...serving import llama_config, target_weights
+from ...formats.serving import llama_config, target_weights
 from .model import SpecDrafterForCausalLM
 
 

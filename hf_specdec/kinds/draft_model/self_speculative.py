@@ -13,7 +13,7 @@ Supported targets: the decoder-only architectures listed in `SUPPORTED_MODEL_TYP
 for Llama/Mistral/Qwen2/Qwen3, in `transformer.h` for GPT-2).
 
 Each call picks one of two modes. KV reuse (`SharedCacheEarlyExit`; batch 1, Llama / Mistral / Qwen2 / Qwen3): the
-drafter runs layers 0..L-1 IN the target's own cache, and its `verify` hook then runs only layers L.. on the hidden
+drafter runs layers 0..L-1 IN the target's own cache, and its `own_verification` hook then runs only layers L.. on the hidden
 states the drafter kept (plus layers 0..L-1 for the last draft, which the drafter proposed but never fed). Every
 token passes through each layer once, and rejected drafts are cropped from all layers together by the loop's
 roll-back. GPT-2 (learned positions are added to the input embeddings, so the hidden states cannot re-enter the
@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from ...cache.keyword import cache_keyword
 from ...cache.ragged import has_sliding_window, takes_4d_masks
-from ...cpu_matmul import verifying
+from ...speed.cpu_matmul import verifying
 from ...drafters.base import Drafter, Drafting, share_of_target
 from .drafter import DraftModelDrafter
 
@@ -165,7 +165,7 @@ class SharedCacheEarlyExit(Drafter):
         self.early_hidden = torch.cat(hidden, dim=1)
         return drafting.draft()
 
-    def verify(self, target, pending, pending_valid, draft):
+    def own_verification(self, target, pending, pending_valid, draft):
         """The verification forward, minus what drafting already computed: layers 0..L-1 for the tokens not fed yet
         (the last draft), then layers L.. for all of the block from their layer-L hidden states. Logits [1, n, V]."""
         new_ids = torch.cat([pending, draft.tokens], dim=1)
@@ -250,8 +250,8 @@ class SelfSpeculativeDrafter(Drafter):
     def propose(self, seqs, max_tokens):
         return self.mode.propose(seqs, max_tokens)
 
-    def verify(self, target, pending, pending_valid, draft):
-        return self.mode.verify(target, pending, pending_valid, draft)
+    def own_verification(self, target, pending, pending_valid, draft):
+        return self.mode.own_verification(target, pending, pending_valid, draft)
 
     def accepted(self, seqs, verified):
         self.mode.accepted(seqs, verified)

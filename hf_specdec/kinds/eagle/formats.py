@@ -18,7 +18,7 @@ import warnings
 
 from ...errors import InputError
 from ...formats import PublishedFormat
-from ...serving import llama_config, target_weights
+from ...formats.serving import llama_config, target_weights
 from ..draft_model.model import SpecDrafterConfig, SpecDrafterForCausalLM, drafter_config_from_target
 from ..eagle3.formats import renamed, save
 

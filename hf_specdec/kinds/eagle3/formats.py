@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from ...errors import InputError
 from ...formats import PublishedFormat
 from ...formats import speculators
-from ...serving import llama_config
+from ...formats.serving import llama_config
 from .model import Eagle3Config, Eagle3DraftModel, default_layer_ids
 
 

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from ...errors import InputError
 from ...formats import PublishedFormat
-from ...serving import target_head
+from ...formats.serving import target_head
 from .model import MedusaConfig, MedusaHeads
 
 HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")

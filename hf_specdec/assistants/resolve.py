@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .auto_drafter import AutoDrafter
-from .errors import InputError
-from .drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
-from .drafters.fallback import FallbackDrafter
-from .drafters.per_row import PerRowDrafter
-from .names import Name, Part, UnknownDrafterError, known_names, parse
-from .registry import drafter_kinds, kind_of_model
+from ..auto_drafter import AutoDrafter
+from ..errors import InputError
+from ..drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
+from ..drafters.fallback import FallbackDrafter
+from ..drafters.per_row import PerRowDrafter
+from .grammar import Name, Part, UnknownDrafterError, known_names, parse
+from ..registry import drafter_kinds, kind_of_model
 
 
 def accepted_assistants() -> str:

@@ -198,7 +198,7 @@ def _rechecked(layer: nn.Linear, x2d: torch.Tensor, key: tuple) -> str:
 
 
 def _stamp() -> dict:
-    from .default_model import stamp
+    from .machine import stamp
 
     return stamp()
 
@@ -283,7 +283,7 @@ def packed_bytes(model) -> int:
 
 def choices_file() -> Path:
     """Where this machine's choices are kept: per CPU model and torch version (each choice names its thread count)."""
-    from .default_model import cache_dir, cpu_name
+    from .machine import cache_dir, cpu_name
 
     name = f"{cpu_name()}-torch{torch.__version__}"
     return cache_dir() / "cpu_matmul" / (re.sub(r"[^A-Za-z0-9.+-]+", "_", name) + ".json")
@@ -316,7 +316,7 @@ def _save_choices() -> None:
 
 
 def _write_choices() -> None:
-    from .default_model import write_cache_file
+    from .machine import write_cache_file
 
     write_cache_file(_STORE["loaded"], json.dumps([[*key, path_name, STAMPS.get(key, {})]
                                                    for key, path_name in sorted(CHOICES.items())]))

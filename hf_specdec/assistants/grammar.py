@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .default_model import is_default_target, is_hub_id
-from .errors import InputError
-from .kind_options import KindOptions
-from .registry import DrafterKind, drafter_kinds, named_kinds
+from ..default_model import is_default_target, is_hub_id
+from ..errors import InputError
+from ..kind_options import KindOptions
+from ..registry import DrafterKind, drafter_kinds, named_kinds
 from .shipped import shipped_default, shipped_drafter_names
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import InputError, json_lines
+from ..errors import InputError, json_lines
 
-DEV_PROMPTS = Path(__file__).resolve().parent / "data" / "dev_prompts.jsonl"
+DEV_PROMPTS = Path(__file__).resolve().parent / "dev_prompts.jsonl"
 #: prompt sets known by name
 NAMED = {"dev": DEV_PROMPTS}
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .cache.keyword import cache_keyword
+from ..cache.keyword import cache_keyword
 from .cpu_matmul import routed, verifying
-from .default_model import cache_dir, cpu_name, stamp, write_cache_file
+from .machine import cache_dir, cpu_name, stamp, write_cache_file
 
 CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
 ROUNDS = 5  # timed forwards per width, interleaved across widths, after one untimed (a width's first forward may

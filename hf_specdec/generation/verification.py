@@ -1,4 +1,6 @@
-"""Verification rules: pure functions on tensors, one per rule, for chains and trees alike.
+"""Verification, all of it: the target's one forward over each row's uncached tokens and its draft (`verify`), and the
+acceptance rule of a call (`accept_rule`: one class per rule, chosen once), over the pure functions each rule applies,
+for chains and trees alike (`greedy`, `rejection_sample`, `typical`).
 
 Shapes: a step's draft is `tokens` [B, T] laid out as a `Tree` (a chain is the tree whose node i has parent i - 1);
 `valid` [B, T] marks the nodes row b really proposed (a row may propose fewer). The target's scores or probabilities
@@ -9,11 +11,14 @@ target, so every verification forward yields at least one token.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from .tree import Tree
+from ..drafters.base import Draft
+from ..tree import Tree
+from ..errors import InputError
 
 
 @dataclass
@@ -141,5 +146,72 @@ def typical(tokens: torch.Tensor, tree: Tree, probs: torch.Tensor, threshold: fl
     return accepted
 
 
-__all__ = ["Accepted", "greedy", "rejection_sample", "typical", "residual_distribution", "one_hot_probs",
-           "typical_bar"]
+
+def verify(target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft) -> torch.Tensor:
+    """The verification forward: each row's uncached tokens `pending` [B, u] (host mask `pending_valid`), then its
+    draft, in ONE target forward. Returns float32 logits [B, T + 1, V] (row 0 after the last pending token, row i + 1
+    after node i)."""
+    tree = draft.shape
+    valid = draft.valid_mask()
+    if tree.is_chain:
+        nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
+        block_valid = torch.cat([pending_valid, nodes], dim=1)
+        return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
+    return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
+
+
+class AcceptRule:
+    """The verification rule of a call, one class per rule, chosen once (`accept_rule`): called with a draft and the
+    target's processed scores, it returns the accepted path of every row."""
+
+    def __call__(self, draft, scores) -> Accepted:
+        valid = draft.valid_mask()
+        return self.accept(draft, draft.shape, scores, None if valid is None else valid.to(scores.device))
+
+    def accept(self, draft, tree, scores, valid) -> Accepted:
+        raise NotImplementedError
+
+
+class GreedyRule(AcceptRule):
+    """Greedy decoding: the longest path of drafts that are the target's argmax (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return greedy(draft.tokens, tree, scores, valid)
+
+
+class RejectionRule(AcceptRule):
+    """Sampling: rejection sampling against the drafter's q, recursively over siblings in a tree (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return rejection_sample(draft.tokens, tree, scores.softmax(dim=-1), draft.probs, valid)
+
+
+@dataclass(frozen=True)
+class TypicalRule(AcceptRule):
+    """Typical acceptance (Cai et al. 2024): lossy, used only when asked for."""
+
+    threshold: float
+    alpha: float
+
+    def accept(self, draft, tree, scores, valid):
+        return typical(draft.tokens, tree, scores.softmax(dim=-1), self.threshold, self.alpha, valid)
+
+
+def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
+    if verification_mode == "exact":
+        return RejectionRule() if generation_config.do_sample else GreedyRule()
+    if verification_mode != "typical":
+        raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
+    if not generation_config.do_sample:
+        raise InputError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
+                         "(drop verification= or pass do_sample=True).")
+    if not (0 <= threshold <= 1) or alpha < 0:
+        raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
+                         f"(got {threshold}, {alpha}).")
+    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
+                  "(typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
+    return TypicalRule(float(threshold), float(alpha))
+
+
+__all__ = ["verify", "accept_rule", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "Accepted", "greedy",
+           "rejection_sample", "typical", "residual_distribution", "one_hot_probs", "typical_bar"]
