@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).parent / "shipped_drafters"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "shipped_drafters"
 
 
 def shipped_drafter_names() -> list[str]:
