@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import hf_specdec.generation.validate as rules
+import hf_specdec.generation.verification as rules
 from hf_specdec import AutoDrafter, MedusaConfig, MedusaHeads, SpeculationStats, speculative_generate
 from hf_specdec import as_drafter
 from hf_specdec.cache.ragged import RaggedKV
