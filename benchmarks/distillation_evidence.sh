@@ -6,7 +6,7 @@
 # Both train side by side (one thread each), then every row is measured against the 4-bit target on the dev prompts
 # at k = 5 (tokens per target forward do not depend on timing).
 set -x
-COMMON="--target default --heldout-prompts 16 --max-new-tokens 128 --gen-batch-size 64 --drafter-layers 2 \
+COMMON="--target default --heldout-prompts 16 --max-new-tokens 128 --gen-batch-size 64 --num-hidden-layers 2 \
   --draft-vocab-size 8192 --max-steps 400 --batch-size 16 --eval-every 200 --save-every 100 --eval-max-new-tokens 64 \
   --learning-rate 1e-3 --warmup-steps 30 --threads 1 --log-every 10"
 python training/distill.py $COMMON --target-quantization none --teacher-data generate --num-generate 1024 \

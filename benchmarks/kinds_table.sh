@@ -17,7 +17,7 @@ DATA="--target default --teacher-data score --num-generate 0 --num-score 1024 --
   --max-seq-len 512 --data-cache-dir $HOME/.cache/hf_specdec/distill-data --threads 2 --max-train-tokens $TOKENS"
 RECIPE="--batch-size 8 --learning-rate 1e-3 --warmup-steps 10 --eval-prompts 8 --eval-max-new-tokens 64 \
   --save-every 25 --log-every 5"
-declare -A KIND=([token-only]="--drafter new" [eagle1]="--drafter eagle" [medusa]="--drafter medusa --medusa-heads 5")
+declare -A KIND=([token-only]="--drafter new" [eagle1]="--drafter eagle" [medusa]="--drafter medusa --num-heads 5")
 drafters=()
 for spec in ${SPECS:-token-only:100 eagle1:100 medusa:100 token-only:300 medusa:900}; do
   name=${spec%:*} steps=${spec#*:}

@@ -1,21 +1,22 @@
 """A drafter kind's options: one dataclass per kind (as peft keeps one config per method), read wherever the kind is
-configured, so that an option is written once.
+configured, each option under one name.
 
     @dataclass
     class HeadsOptions(KindOptions):
-        num_heads: int = option(4, "number of heads", config="num_heads")        # saved in a new drafter's config
-        tree: str = option("chain", "...", argument=True, parse=tree_shape)       # the drafter's keyword; "heads:12"
-        head_decay: float = option(0.8, "loss weight of head i is decay**i")      # how it trains
+        num_heads: int = option(4, "number of heads", config=True, was="medusa_heads")  # saved in a new drafter's config
+        tree: str = option("chain", "...", argument=True, parse=tree_shape)              # the drafter's keyword; "heads:12"
+        head_decay: float = option(0.8, "loss weight of head i is decay**i")             # how it trains
 
-- every field is a flag of the trainer (`--num-heads`: `HfArgumentParser` reads the dataclass);
-- `config="<attribute>"` fields make a new drafter's config (`config_fields()`); a fine-tune keeps its folder's, so
-  the trainer refuses them with `--drafter DIR` (`config_flags()`);
-- `decoding=True` fields are keywords of the kind's drafter (`drafter_keywords()`: `AutoDrafter`, a name's drafter
-  and the trainer's evaluation all build it so), and the one `argument=True` field is what follows ':' in an assistant
-  name (`from_argument`): `"heads:chain"`, `"self:12"`.
+- every field is a flag of the trainer under its own name (`--num-heads`: `HfArgumentParser` reads `flags()`);
+- `config=True` fields are a new drafter's config fields, under the same names (`config_fields()`); a fine-tune keeps
+  its folder's, so the trainer refuses them with `--drafter DIR`;
+- the one `argument=True` field is the drafter's keyword and what follows ':' in an assistant name (`from_argument`):
+  `"heads:chain"`, `"self:12"`;
+- `parse` turns a field's text (a flag, a name's ':arg') into what the config or the drafter takes, once, when the
+  options are made (`value()` reads it); `was` is the option's earlier name: its flag still works, and a run saved
+  under it still resumes.
 
-The kind registers its class (`DrafterKind(..., options=HeadsOptions)`). Light: no torch, no transformers, so that
-the command line checks a name before anything heavy loads.
+The kind registers its class (`DrafterKind(..., options=HeadsOptions)`). Light: no torch, no transformers.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from typing import Callable
 from .errors import InputError
 
 
-def option(default, help: str, *, config: str | None = None, decoding: bool = False, argument: bool = False,
-           parse: Callable[[str], object] | None = None, required: bool = False):
-    """A field of a kind's options. `parse` turns the field's text into what the drafter takes (a name's ':arg' and
-    its flag are text); `required`: a name must carry the argument (`"layers:N"`)."""
-    role = {"config": config, "decoding": decoding or argument, "argument": argument, "parse": parse,
-            "required": required}
+def option(default, help: str, *, config: bool = False, argument: bool = False,
+           parse: Callable[[str], object] | None = None, required: bool = False, was: str | None = None):
+    """A field of a kind's options (the module's docstring says what each role does); `required`: a name must carry
+    the argument (`"layers:N"`)."""
+    role = {"config": config, "argument": argument, "parse": parse, "required": required, "was": was}
     return field(default=default, metadata={"help": help, ROLE: role})
 
 
@@ -74,17 +74,18 @@ class KindOptions:
     """A kind with no options of its own (the base of every kind's options)."""
 
     def __post_init__(self):
-        self.check()
-
-    def check(self) -> None:
-        """Raise an `InputError` naming every option out of its range (`check_ranges`), before any work."""
+        self._parsed = {}  # the values of the fields that have a `parse`, parsed once here
         for f in fields(self):
             parse = _role(f).get("parse")
             if parse is not None and getattr(self, f.name) is not None:
                 try:
-                    parse(getattr(self, f.name))
+                    self._parsed[f.name] = parse(getattr(self, f.name))
                 except InputError as error:
-                    raise InputError(f"--{f.name.replace('_', '-')} {error}.") from None
+                    raise InputError(f"--{f.name.replace('_', '-')} {error}.") from error
+        self.check()
+
+    def check(self) -> None:
+        """Raise an `InputError` naming every option out of its range (`check_ranges`), before any work."""
 
     @classmethod
     def argument(cls):
@@ -110,40 +111,45 @@ class KindOptions:
             return cls()
         if arg is None:
             raise InputError("takes nothing after ':'")
-        parse = _role(arg)["parse"] or positive_int
         try:
-            parse(text)
-        except InputError as error:
-            raise InputError(f"cannot take ':{text}': what follows ':' {error}") from None
-        # (a field with its own `parse` keeps its text, as its trainer flag does; `value()` parses it)
-        return cls(**{arg.name: text if _role(arg)["parse"] else positive_int(text)})
+            return cls(**{arg.name: text if _role(arg)["parse"] else positive_int(text)})
+        except InputError as error:  # (its parse's own words, not the flag's)
+            raise InputError(f"cannot take ':{text}': what follows ':' {error.__cause__ or error}") from None
 
     def value(self, name: str):
         """An option's value as the config or the drafter takes it (its text parsed: '2,15,27' -> [2, 15, 27])."""
-        value, parse = getattr(self, name), _role(self.__dataclass_fields__[name]).get("parse")
-        return parse(value) if parse is not None and value is not None else value
+        return self._parsed.get(name, getattr(self, name))
 
     @classmethod
     def flags(cls) -> type:
-        """The dataclass `HfArgumentParser` reads for the trainer's flags: these fields, their help alone as
-        metadata (argparse takes every metadata key as a keyword); `cls(**asdict(parsed))` is the options."""
+        """The dataclass `HfArgumentParser` reads for the trainer's flags: these fields with their help and their
+        earlier spellings (`aliases`), and no other metadata, since argparse takes every metadata key as a keyword;
+        `cls(**asdict(parsed))` is the options."""
         hints = typing.get_type_hints(cls)
         return make_dataclass(f"{cls.__name__}Flags", [
-            (f.name, hints[f.name], field(default=f.default, metadata={"help": f.metadata.get("help", "")}))
+            (f.name, hints[f.name], field(default=f.default, metadata={"help": f.metadata.get("help", ""),
+                                                                        "aliases": cls.earlier_flags(f.name)}))
             for f in fields(cls)])
 
-    def config_fields(self) -> dict:
-        """A new drafter's config fields, by config attribute."""
-        return {_role(f)["config"]: self.value(f.name) for f in fields(self) if _role(f).get("config")}
+    @classmethod
+    def earlier_flags(cls, name: str) -> list[str]:
+        """The flags an option was spelled as before it took its config's name ('--medusa-heads', '--medusa_heads')."""
+        was = _role(cls.__dataclass_fields__[name]).get("was")
+        return [f"--{was.replace('_', '-')}", f"--{was}"] if was else []
 
     @classmethod
-    def config_flags(cls) -> dict[str, str]:
-        """The trainer flag of each config field ('--num-heads' -> 'num_heads')."""
-        return {f"--{f.name.replace('_', '-')}": _role(f)["config"] for f in fields(cls) if _role(f).get("config")}
+    def earlier_names(cls) -> dict[str, str]:
+        """{earlier name: name} (a saved run's arguments may use the earlier)."""
+        return {_role(f)["was"]: f.name for f in fields(cls) if _role(f).get("was")}
+
+    def config_fields(self) -> dict:
+        """A new drafter's config fields (its `config=True` fields, parsed), under their names."""
+        return {f.name: self.value(f.name) for f in fields(self) if _role(f).get("config")}
 
     def drafter_keywords(self) -> dict:
-        """The kind's drafter's keywords (its `decoding=True` fields, parsed)."""
-        return {f.name: self.value(f.name) for f in fields(self) if _role(f).get("decoding")}
+        """The kind's drafter's keywords: its argument's field, parsed (none for a kind whose names take none)."""
+        arg = self.argument()
+        return {} if arg is None else {arg.name: self.value(arg.name)}
 
 
 def range_errors(options, positive=(), non_negative=()) -> list[str]:

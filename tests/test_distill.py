@@ -80,7 +80,7 @@ def cli(world, out: Path, **overrides) -> list[str]:
         "eval_every": 3, "save_every": 3, "output_dir": out,
     }
     if overrides.get("drafter", "new") in ("new", "draft-model", "eagle"):
-        options["drafter_layers"] = 1  # (a token-only or EAGLE drafter's own option)
+        options["num_hidden_layers"] = 1  # (a token-only or EAGLE drafter's own option)
     options.update(overrides)
     args = []
     for key, value in options.items():
@@ -406,7 +406,7 @@ def test_eagle_passes_feed_back_their_own_hidden_states(world):
 # --- eagle3: the fused states entering three target layers, trained with training-time test ---------------------------
 def test_eagle3_drafter_trains_saves_exports_and_decodes_exactly(world, tmp_path):
     out = tmp_path / "eagle3"
-    summary = run_in_process(cli(world, out, drafter="eagle3", target_layers="1,2,2", ttt_steps=2, max_steps=30,
+    summary = run_in_process(cli(world, out, drafter="eagle3", target_layer_ids="1,2,2", ttt_steps=2, max_steps=30,
                                  eval_every=30, save_every=0, learning_rate=1e-2, draft_vocab_size=64,
                                  max_train_tokens=700))
     data = summary["data"]  # a seeded subset of the prepared set
@@ -462,7 +462,7 @@ def test_a_one_pass_schedule_trains_one_pass_first_then_all_and_resumes_on_sched
     real = eagle3_training.training_time_test_passes
     spy = lambda model, batch, steps, decay: (passes.append(steps) if torch.is_grad_enabled() else None) or \
         real(model, batch, steps, decay)  # noqa: E731
-    common = dict(drafter="eagle3", target_layers="1,2,2", ttt_steps=3, ttt_one_pass_steps=2, eval_every=3,
+    common = dict(drafter="eagle3", target_layer_ids="1,2,2", ttt_steps=3, ttt_one_pass_steps=2, eval_every=3,
                   save_every=3, draft_vocab_size=64, data_cache_dir=tmp_path / "cache")
     with mock.patch.object(eagle3_training, "training_time_test_passes", spy):
         run_in_process(cli(world, tmp_path / "run", max_steps=3, **common))
@@ -474,7 +474,7 @@ def test_a_one_pass_schedule_trains_one_pass_first_then_all_and_resumes_on_sched
 # --- block: one forward proposes block_size tokens --------------------------------------------------------------------
 def test_block_drafter_trains_saves_and_decodes_exactly(world, tmp_path):
     out = tmp_path / "block"
-    summary = run_in_process(cli(world, out, drafter="block", target_layers="1,2,2", block_size=3, block_anchors=8,
+    summary = run_in_process(cli(world, out, drafter="block", target_layer_ids="1,2,2", block_size=3, block_anchors=8,
                                  max_steps=30, eval_every=30, save_every=0, learning_rate=1e-2, draft_vocab_size=64))
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < log[0]["loss"]
@@ -574,7 +574,7 @@ def test_scoring_records_a_feature_drafters_states_in_the_same_forward(world, tm
     passes, separate_pass = [], states.attach_target_features
     with mock.patch.object(states, "attach_target_features",
                            side_effect=lambda t, data, *a, **k: passes.append(len(data)) or separate_pass(t, data, *a, **k)):
-        summary = run_in_process(cli(world, tmp_path / "b", num_score=20, drafter="eagle3", target_layers="1,2,2", **common))
+        summary = run_in_process(cli(world, tmp_path / "b", num_score=20, drafter="eagle3", target_layer_ids="1,2,2", **common))
     assert passes == [8]  # part 0 only: parts 1 and 2 (12 texts) were scored with their states
     folder = Path(summary["data"]["cache_folder"])
     fused = np.load(folder / "features-train-layers-1-2-2.npy")
@@ -686,7 +686,7 @@ def test_medusa_pairs_align_heads_with_future_teacher_rows():
 
 def test_medusa_heads_train_save_and_decode_exactly(world, tmp_path):
     out = tmp_path / "medusa"
-    summary = run_in_process(cli(world, out, drafter="medusa", medusa_heads=2, max_steps=8, eval_every=8, save_every=0,
+    summary = run_in_process(cli(world, out, drafter="medusa", num_heads=2, max_steps=8, eval_every=8, save_every=0,
                                  learning_rate=3e-3))
     log = [r for r in read_log(out) if r["event"] == "train"]
     assert log[-1]["loss"] < log[0]["loss"]
@@ -747,8 +747,8 @@ def test_bad_data_files_are_one_line_before_any_target_loads(tmp_path):
     (["--batch-size", "-2", "--top-k", "0"], "--top-k must be >= 1 (got 0); --batch-size must be >= 1 (got -2)"),
     (["--on-policy-ratio", "1.5"], "--on-policy-ratio must lie in [0, 1]"),
     (["--resume", "--overwrite"], "pass one"),
-    (["--drafter", "eagle3", "--target-layers", "2,15"], "--target-layers must be three target layers, e.g. 2,15,27"),
-    (["--drafter", "eagle3", "--target-layers", "9,1,1"], "--target-layers 9,1,1: an EAGLE-3 drafter reads three target layers, each in 1..2"),
+    (["--drafter", "eagle3", "--target-layer-ids", "2,15"], "--target-layer-ids must be three target layers, e.g. 2,15,27"),
+    (["--drafter", "eagle3", "--target-layer-ids", "9,1,1"], "--target-layer-ids 9,1,1: an EAGLE-3 drafter reads three target layers, each in 1..2"),
     (["--drafter", "nonsense"], "--drafter 'nonsense' is neither a kind of drafter to train (new, draft-model, eagle, eagle3, medusa"),
     (["--drafter", "medusa", "--tree", "12"], "--tree 12: an N-node tree is built from the accuracy a drafter's training measured"),
     (["--drafter", "block", "--tree", "bushy"], "--tree must be 'chain', 'tree' or a node count N >= 1 (got 'bushy')"),
@@ -878,7 +878,7 @@ def test_mixed_precision_bf16_autocasts_the_drafters_loss_while_the_target_stays
             mock.patch.object(distill, "evaluate", lambda acc, adapter, model, target, *a: judged.append(target.dtype)
                               or evaluate.evaluate(acc, adapter, model, target, *a)):
         summary = run_in_process(cli(world, tmp_path / "run", mixed_precision="bf16", drafter="block", max_steps=2,
-                                     target_layers="1,2,2", block_size=3, block_anchors=8, eval_every=2, save_every=0,
+                                     target_layer_ids="1,2,2", block_size=3, block_anchors=8, eval_every=2, save_every=0,
                                      data_cache_dir=tmp_path / "cache"))
     assert casts.count(torch.bfloat16) >= 2  # one per training step at least
     assert judged == [torch.float32] and summary["final_step"] == 2 and summary["best"]["target_forwards"] > 0
@@ -993,7 +993,7 @@ def test_a_larger_set_of_answers_reuses_the_parts_and_held_out_answers_a_smaller
 def test_online_features_are_the_stored_states_computed_per_batch(world, tmp_path):
     """--online-features: no states file for the training set, each batch's states computed by the target (equal to the
     stored ones up to their fp16 rounding), and an EAGLE-3 drafter trained on them decodes exactly."""
-    common = dict(drafter="eagle3", target_layers="1,2,2", max_steps=4, eval_every=4, save_every=0, teacher_data="score",
+    common = dict(drafter="eagle3", target_layer_ids="1,2,2", max_steps=4, eval_every=4, save_every=0, teacher_data="score",
                   num_generate=0, num_score=24, data_cache_dir=tmp_path / "cache")
     computed, original = [], distill.target_states
     with mock.patch.object(distill, "target_states", side_effect=lambda *a: computed.append(1) or original(*a)):

@@ -52,7 +52,7 @@ def test_distill_and_push(tmp_path, capsys, monkeypatch):
     world = build_tiny_world(tmp_path)
     monkeypatch.setattr("os.environ", subprocess_env())
     tiny = ["--data", world["data"], "--exclude-ids", world["dev"], "--num-generate", 8, "--num-score", 8,
-            "--heldout-prompts", 2, "--max-new-tokens", 8, "--top-k", 4, "--drafter-layers", 1, "--draft-vocab-size",
+            "--heldout-prompts", 2, "--max-new-tokens", 8, "--top-k", 4, "--num-hidden-layers", 1, "--draft-vocab-size",
             48, "--batch-size", 4, "--eval-max-new-tokens", 8, "--max-steps", 4, "--eval-every", 4, "--save-every", 0,
             "--threads", 1, "--data-cache-dir", tmp_path / "cache"]
     with mock.patch("hf_specdec.hub.push.HfApi") as api:

@@ -118,16 +118,18 @@ def test_a_kind_registered_from_outside_is_a_name_in_generate_combinations_and_t
 
 
 def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name_argument(tmp_path):
-    """Medusa's options: `--medusa-heads 3` makes a 3-head config, `--tree chain` (or the name's ':chain') makes a
-    chain drafter, ':5' a 5-node tree; a fine-tune refuses a flag that would change its folder's shape."""
+    """Medusa's options: `--num-heads 3` makes a 3-head config (`num_heads`: the flag, the option and the config key
+    share the name; the earlier spelling `--medusa-heads` still works), `--tree chain` (or the name's ':chain') makes
+    a chain drafter, ':5' a 5-node tree; a fine-tune refuses a flag that would change its folder's shape."""
     from hf_specdec.kinds.medusa import MedusaConfig, MedusaHeads, MedusaOptions
     from hf_specdec.drafters.positionwise import PositionChain
     from hf_specdec.training import adapters
 
     medusa = next(kind for kind in drafter_kinds() if kind.name == "medusa")
     assert medusa.options is MedusaOptions
-    options = adapters.parse_options(MedusaOptions, ["--medusa-heads", "3", "--tree", "chain"], "medusa")
+    options = adapters.parse_options(MedusaOptions, ["--num-heads", "3", "--tree", "chain"], "medusa")
     assert options.config_fields() == {"num_heads": 3, "num_layers": 1}
+    assert adapters.parse_options(MedusaOptions, ["--medusa-heads", "3", "--tree", "chain"], "medusa") == options
     target = tiny_llama()
     heads = MedusaHeads(MedusaConfig.from_target(target.config, **options.config_fields()))
     assert len(heads.heads) == 3
@@ -139,8 +141,36 @@ def test_a_kinds_one_options_class_is_its_flags_config_drafter_keywords_and_name
     assert len(as_drafter(f"{tmp_path / 'heads'}:5", target=target).tree[1]) == 5
     with pytest.raises(InputError, match="--tree must be 'chain', 'tree' or a node count N >= 1 \\(got 'bushy'\\)"):
         adapters.parse_options(MedusaOptions, ["--tree", "bushy"], "medusa")
-    with pytest.raises(InputError, match=r"a fine-tune keeps the drafter's shape, so --medusa-heads cannot change it "
+    with pytest.raises(InputError, match=r"a fine-tune keeps the drafter's shape, so --num-heads cannot change it "
                                          r"\(its config.json: num_heads=3\)"):
         adapters.adapter_for(str(tmp_path / "heads"), ["--medusa_heads=2"])
     assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-decay", "0.5"])[0].options.medusa_decay == 0.5
-    assert adapters.adapter_for(str(tmp_path / "heads"), ["--medusa-heads", "3"])[0].options.medusa_heads == 3  # its own
+    assert adapters.adapter_for(str(tmp_path / "heads"), ["--num-heads", "3"])[0].options.num_heads == 3  # its own
+
+
+def test_drafters_and_runs_saved_before_the_options_took_their_configs_names_still_load(tmp_path):
+    """The shipped drafters were saved (and their runs' arguments recorded) when `--num-heads` was `--medusa-heads` and
+    `--num-hidden-layers` was `--drafter-layers`: their folders load, a fine-tune of them reads their config under
+    the options' names, and a run whose run_args.json holds the earlier names resumes."""
+    from hf_specdec.assistants.shipped import shipped_folder
+    from hf_specdec.training import adapters
+    from hf_specdec.training.arguments import Args, check_output_dir, run_args_path, run_arguments
+
+    for name, option in (("distilled", "num_hidden_layers"), ("medusa", "num_heads")):
+        folder = shipped_folder(name)
+        config = json.loads((folder / "config.json").read_text())
+        assert AutoDrafter.from_pretrained(str(folder)).config.to_dict()[option] == config[option]
+        adapter, _ = adapters.adapter_for(str(folder), [f"--{option.replace('_', '-')}", str(config[option])])
+        assert adapter.options.config_fields()[option] == config[option]
+    from hf_specdec.kinds.medusa import MedusaOptions
+
+    options = adapters.parse_options(MedusaOptions, [], "medusa")
+    args = Args(output_dir=str(tmp_path), resume=True)
+    saved = run_arguments(args, options)
+    saved["medusa_heads"] = saved.pop("num_heads")  # as a run saved before the rename recorded it
+    run_args_path(tmp_path).write_text(json.dumps(saved))
+    check_output_dir(args, options)  # resumes: the same run
+    saved["medusa_heads"] = 2
+    run_args_path(tmp_path).write_text(json.dumps(saved))
+    with pytest.raises(InputError, match="--num-heads 2 -> 4"):
+        check_output_dir(args, options)

@@ -94,7 +94,7 @@ def trained_dflash(target, prompts, block_size: int = 4, target_layers: str = "0
     from hf_specdec.kinds.dflash.training import block_hidden, new_config
 
     torch.manual_seed(seed)
-    options = DFlashOptions(block_size=block_size, target_layers=target_layers, dflash_layers=layers)
+    options = DFlashOptions(block_size=block_size, target_layer_ids=target_layers, num_hidden_layers=layers)
     model = MuseGlimmerAssistantModel(new_config(target.config, options))
     with torch.no_grad():  # loud attention (transformers' 0.02 init): the block's slots tell their positions apart
         for parameter in model.parameters():

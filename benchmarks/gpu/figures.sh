@@ -55,7 +55,7 @@ text|tiny)
          --batch-size 16 --eval-every $STEPS --eval-prompts 4 --eval-max-new-tokens 32 --save-every $((STEPS / 2))
          --mixed-precision $([ "$DEVICE" = cpu ] && echo no || echo bf16) --data-cache-dir "$WORK/data"
          --output-dir "$WORK/trainer" --log-every 5)
-  [ "$1" = tiny ] && TRAIN+=(--drafter-layers 1 --heldout-prompts 2 --max-prompt-tokens 64)
+  [ "$1" = tiny ] && TRAIN+=(--num-hidden-layers 1 --heldout-prompts 2 --max-prompt-tokens 64)
   rm -rf "$WORK/trainer"
   timeout 200 $PY training/distill.py "${TRAIN[@]}" --max-steps $STEPS > "$OUT/trainer.log" 2>&1; echo "status $?"
   timeout 100 $PY training/distill.py "${TRAIN[@]}" --max-steps $((STEPS * 3 / 2)) --resume >> "$OUT/trainer.log" 2>&1

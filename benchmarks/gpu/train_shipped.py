@@ -80,7 +80,7 @@ SIZES = {
 #: each kind's options: the token-only drafter measured best per CPU-hour; EAGLE-3 reads the target's states, computed
 #: per batch on the device (--online-features), with one training-time-test pass for its first third
 KIND_OPTIONS = {
-    "new": ["--drafter-layers", "2"],
+    "new": ["--num-hidden-layers", "2"],
     "eagle3": ["--online-features", "--ttt-steps", "3"],
     "block": ["--online-features"],
 }
@@ -249,7 +249,7 @@ class ShippedRun:
     def train_args(self, kind_or_folder: str, kind: str) -> list[str]:
         s = self.sizes
         cuda = self.args.device.startswith("cuda")
-        extra = ["--drafter-layers", "1"] if self.args.tiny and kind == "new" else KIND_OPTIONS.get(kind, [])
+        extra = ["--num-hidden-layers", "1"] if self.args.tiny and kind == "new" else KIND_OPTIONS.get(kind, [])
         threads = max(1, (os.cpu_count() or 1) // len(self.kinds)) if cuda else 0  # (concurrent kinds share the cores)
         return ["--drafter", kind_or_folder, *extra, "--batch-size", str(s.train_batch), "--threads", str(threads),
                 "--learning-rate", str(self.args.learning_rate), "--warmup-steps", str(max(2, s.calibration_steps)),

@@ -69,14 +69,14 @@ def adapter_for(drafter: str, argv: list[str] | None = None) -> tuple["Adapter",
                          f"({', '.join(kinds)}).")
     adapter = load_adapter(kind, argv)
     passed = {a.split("=")[0].replace("_", "-") for a in argv or [] if a.startswith("--")}  # (--a_b is --a-b)
-    chosen = adapter.options.config_fields()  # (None: the target's own, which the folder's value may well be)
-    changed = [(flag, attribute) for flag, attribute in kind.options.config_flags().items()
-               if flag in passed and chosen[attribute] is not None and chosen[attribute] != config.get(attribute)]
+    changed = [name for name, value in adapter.options.config_fields().items()  # (None: the target's own, which the
+               if value is not None and value != config.get(name)  # folder's may well be)
+               and passed & {f"--{name.replace('_', '-')}", *kind.options.earlier_flags(name)}]
     if changed:  # a fine-tune keeps the drafter's shape: say so rather than train another shape than asked
         raise InputError(f"--drafter {drafter}: a fine-tune keeps the drafter's shape, so "
-                         f"{', '.join(flag for flag, _ in changed)} cannot change it (its config.json: "
-                         f"{', '.join(f'{a}={config.get(a)!r}' for _, a in changed)}); drop them, or train a new "
-                         f"drafter with --drafter {kind.name}.")
+                         f"{', '.join('--' + name.replace('_', '-') for name in changed)} cannot change it (its "
+                         f"config.json: {', '.join(f'{name}={config.get(name)!r}' for name in changed)}); drop them, or "
+                         f"train a new drafter with --drafter {kind.name}.")
     return adapter, drafter
 
 

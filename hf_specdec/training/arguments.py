@@ -162,6 +162,7 @@ def check_output_dir(args: Args, options) -> None:
         if not saved_path.exists():
             return  # nothing to resume: a fresh run (said in the log)
         saved, now = json.loads(saved_path.read_text()), run_arguments(args, options)
+        saved.update({name: saved.pop(was) for was, name in options.earlier_names().items() if was in saved})
         # (keys of this run only: a run saved before the kinds' options moved out of the common ones names them all;
         # an argument added since the run was saved counts as its default)
         defaults = {f.name: f.default for f in (*fields(Args), *fields(options))}

@@ -29,7 +29,7 @@ def new_config(target_config, options: DFlashOptions, **fields) -> MuseGlimmerAs
     chosen = options.config_fields()  # the drafter's depth, block, context layers and mask token; the rest the target's
     ids = chosen.pop("target_layer_ids") or sorted({1, count // 2, max(count - 2, 0)})
     if any(not 0 <= i < count for i in ids):
-        raise InputError(f"--target-layers {ids}: the target has layers 0..{count - 1}.")
+        raise InputError(f"--target-layer-ids {ids}: the target has layers 0..{count - 1}.")
     if chosen["mask_token_id"] is None:
         chosen["mask_token_id"] = text.pad_token_id if text.pad_token_id is not None else text.vocab_size - 1
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

@@ -10,15 +10,15 @@ from ...kind_options import KindOptions, check_ranges, option, or_none
 
 @dataclass
 class TokenOptions(KindOptions):
-    drafter_layers: int = option(2, "decoder layers of a new drafter", config="num_hidden_layers")
-    drafter_intermediate_size: int = option(0, "its MLP width; 0: the target's", config="intermediate_size",
-                                            parse=or_none)
+    num_hidden_layers: int = option(2, "decoder layers of a new drafter", config=True, was="drafter_layers")
+    intermediate_size: int = option(0, "its MLP width; 0: the target's", config=True, parse=or_none,
+                                    was="drafter_intermediate_size")
     init_from_target: bool = option(True, "start from the target's first layers (eagle: its last layers) and final "
                                     "norm")
 
     def check(self):
         super().check()
-        check_ranges(self, positive=("drafter_layers",), non_negative=("drafter_intermediate_size",))
+        check_ranges(self, positive=("num_hidden_layers",), non_negative=("intermediate_size",))
 
 
 @dataclass

@@ -122,7 +122,7 @@ class SpeculatorsEagle3(PublishedFormat):
         if len(set(c.target_layer_ids)) != len(c.target_layer_ids):
             raise InputError(f"speculators loads only drafters of distinct target layers; this one reads "
                              f"{list(c.target_layer_ids)} (a shallow target's defaults): export it with --format "
-                             "vllm-eagle3, or train it with --target-layers naming distinct layers.")
+                             "vllm-eagle3, or train it with --target-layer-ids naming distinct layers.")
         if c.target_hidden_size != c.hidden_size:
             raise InputError(f"speculators' EAGLE-3 fuses states of its own width ({c.hidden_size}); this drafter's "
                              f"target has {c.target_hidden_size}: export it with --format vllm-eagle3.")

@@ -18,14 +18,14 @@ def three_layers(text: str) -> list[int] | None:
 
 @dataclass
 class LayerOptions(KindOptions):
-    target_layers: str = option("", "the three target layers whose entering hidden states it fuses, e.g. '2,15,27'; "
-                                "default: 2, N/2, N-3", config="target_layer_ids", parse=three_layers)
-    drafter_intermediate_size: int = option(0, "its MLP width; 0: the target's", config="intermediate_size",
-                                            parse=or_none)
+    target_layer_ids: str = option("", "the three target layers whose entering hidden states it fuses, e.g. "
+                                   "'2,15,27'; default: 2, N/2, N-3", config=True, parse=three_layers, was="target_layers")
+    intermediate_size: int = option(0, "its MLP width; 0: the target's", config=True, parse=or_none,
+                                    was="drafter_intermediate_size")
 
     def check(self):
         super().check()
-        check_ranges(self, non_negative=("drafter_intermediate_size",))
+        check_ranges(self, non_negative=("intermediate_size",))
 
 
 @dataclass

@@ -35,7 +35,7 @@ class Eagle3Training(Adapter):
             if "target_layer_ids" in saved:
                 return list(saved["target_layer_ids"])
             return None if target is None else AutoDrafter.from_pretrained(folder, target=target).config.target_layer_ids
-        chosen = self.options.value("target_layers")  # None: the target's low, middle and high layers
+        chosen = self.options.value("target_layer_ids")  # None: the target's low, middle and high layers
         return chosen or Eagle3Config.from_target(target_config, draft_vocab_size=1).target_layer_ids
 
     def check(self, args, folder):
@@ -47,7 +47,7 @@ class Eagle3Training(Adapter):
             return
         ids, count = self.layer_ids(target_config, folder), target_config.get_text_config().num_hidden_layers
         if not all(1 <= i <= count for i in ids):
-            raise InputError(f"--target-layers {','.join(map(str, ids))}: an EAGLE-3 drafter reads three target layers, "
+            raise InputError(f"--target-layer-ids {','.join(map(str, ids))}: an EAGLE-3 drafter reads three target layers, "
                              f"each in 1..{count} (the state entering layer i).")
 
     def feature_modules(self, target, folder):

@@ -18,7 +18,7 @@ class MedusaTraining(Adapter):
     def new(self, args, target, target_name, target_folder, draft_vocab):
         config = MedusaConfig.from_target(target.config, **self.options.config_fields(), target_name_or_path=target_name,
                                           target_quantization=args.target_quantization,
-                                          num_draft_tokens_eval=self.options.medusa_heads, draft_vocab_size=draft_vocab)
+                                          num_draft_tokens_eval=self.options.num_heads, draft_vocab_size=draft_vocab)
         return self.kind.model_class(config)
 
     def logits(self, model, batch):
