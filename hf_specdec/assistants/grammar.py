@@ -1,4 +1,4 @@
-"""The grammar of assistant names: parsed once per call by the resolver (`assistants.py`), by the command line's check
+"""The grammar of assistant names: parsed once per call by the resolver (`resolve.py`), by the command line's check
 of a name before anything loads (`check`), and listed by the errors (`known_names`). The words are the registry's
 kinds built from a name (`registry.py`), a kind registered from outside included.
 

@@ -1,6 +1,6 @@
 """`assistant=`, resolved once per call into an `Assistant`: the batched `Drafter` the loop decodes with.
 
-Names (the vocabulary is `names.py`) are parsed once and their drafters kept with the target (per device and dtype;
+Names (the vocabulary is `grammar.py`) are parsed once and their drafters kept with the target (per device and dtype;
 released with it) and reused by later calls, so that loaded weights, token recycling's table, a suffix index and what
 `draft_length="adaptive"` learned carry over from call to call, as they do for a drafter object. State that belongs to
 one call (caches, rows) is reset by every drafter's `start`. Calls on several threads may share one drafter, by name or
@@ -68,7 +68,7 @@ def resolve(assistant, target=None, sampling: bool = False) -> Assistant:
     """`assistant=` as this call's `Assistant`, or a clear error listing what is accepted. A name is parsed here,
     once ("default" standing for the drafter measured fastest for this target, greedy or `sampling`), and built at its
     first use on `target`, then kept with it."""
-    # (each family goes down once: names to names.py, models to the registry, objects to their batched form)
+    # (each family goes down once: names to grammar.py, models to the registry, objects to their batched form)
     if isinstance(assistant, str):
         drafter = _kept(target, parse(assistant, target, sampling))
         return Assistant(drafter, drafter)

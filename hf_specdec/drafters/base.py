@@ -219,8 +219,8 @@ class Drafter:
 
     @classmethod
     def for_target(cls, target, options=None) -> "Drafter":
-        """The drafter an assistant name builds (`names.py`: "ngram", "self:L", ...), with its kind's `options` (what
-        the name's ':arg' set) as keywords."""
+        """The drafter an assistant name builds (`assistants/grammar.py`: "ngram", "self:L", ...), with its kind's
+        `options` (what the name's ':arg' set) as keywords."""
         return cls(**options.drafter_keywords()) if options is not None else cls()
 
     def start(self, target, seqs, settings: DraftSettings) -> None:

@@ -29,6 +29,72 @@ class Accepted:
     last: torch.Tensor  # [B] the path's last node, -1 when nothing was accepted (its score row is last + 1)
 
 
+def verify(target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft) -> torch.Tensor:
+    """The verification forward: each row's uncached tokens `pending` [B, u] (host mask `pending_valid`), then its
+    draft, in ONE target forward. Returns float32 logits [B, T + 1, V] (row 0 after the last pending token, row i + 1
+    after node i)."""
+    tree = draft.shape
+    valid = draft.valid_mask()
+    if tree.is_chain:
+        nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
+        block_valid = torch.cat([pending_valid, nodes], dim=1)
+        return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
+    return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
+
+
+class AcceptRule:
+    """The verification rule of a call, one class per rule, chosen once (`accept_rule`): called with a draft and the
+    target's processed scores, it returns the accepted path of every row."""
+
+    def __call__(self, draft, scores) -> Accepted:
+        valid = draft.valid_mask()
+        return self.accept(draft, draft.shape, scores, None if valid is None else valid.to(scores.device))
+
+    def accept(self, draft, tree, scores, valid) -> Accepted:
+        raise NotImplementedError
+
+
+class GreedyRule(AcceptRule):
+    """Greedy decoding: the longest path of drafts that are the target's argmax (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return greedy(draft.tokens, tree, scores, valid)
+
+
+class RejectionRule(AcceptRule):
+    """Sampling: rejection sampling against the drafter's q, recursively over siblings in a tree (exact)."""
+
+    def accept(self, draft, tree, scores, valid):
+        return rejection_sample(draft.tokens, tree, scores.softmax(dim=-1), draft.probs, valid)
+
+
+@dataclass(frozen=True)
+class TypicalRule(AcceptRule):
+    """Typical acceptance (Cai et al. 2024): lossy, used only when asked for."""
+
+    threshold: float
+    alpha: float
+
+    def accept(self, draft, tree, scores, valid):
+        return typical(draft.tokens, tree, scores.softmax(dim=-1), self.threshold, self.alpha, valid)
+
+
+def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
+    if verification_mode == "exact":
+        return RejectionRule() if generation_config.do_sample else GreedyRule()
+    if verification_mode != "typical":
+        raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
+    if not generation_config.do_sample:
+        raise InputError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
+                         "(drop verification= or pass do_sample=True).")
+    if not (0 <= threshold <= 1) or alpha < 0:
+        raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
+                         f"(got {threshold}, {alpha}).")
+    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
+                  "(typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
+    return TypicalRule(float(threshold), float(alpha))
+
+
 def _deepest(tree: Tree, node_ok: torch.Tensor) -> Accepted:
     """The deepest node whose whole path is `node_ok` (the first such node on ties), without its next token."""
     batch = node_ok.shape[0]
@@ -144,74 +210,6 @@ def typical(tokens: torch.Tensor, tree: Tree, probs: torch.Tensor, threshold: fl
     after = probs.gather(1, (accepted.last + 1)[:, None, None].expand(-1, 1, probs.shape[-1])).squeeze(1)
     accepted.next_token = torch.multinomial(after, 1, generator=generator).squeeze(1)
     return accepted
-
-
-
-def verify(target, pending: torch.Tensor, pending_valid: torch.Tensor, draft: Draft) -> torch.Tensor:
-    """The verification forward: each row's uncached tokens `pending` [B, u] (host mask `pending_valid`), then its
-    draft, in ONE target forward. Returns float32 logits [B, T + 1, V] (row 0 after the last pending token, row i + 1
-    after node i)."""
-    tree = draft.shape
-    valid = draft.valid_mask()
-    if tree.is_chain:
-        nodes = torch.ones(draft.tokens.shape, dtype=torch.bool) if valid is None else valid
-        block_valid = torch.cat([pending_valid, nodes], dim=1)
-        return target.forward(torch.cat([pending, draft.tokens], dim=1), tree.size + 1, valid=block_valid)
-    return target.forward_tree(pending, pending_valid, draft.tokens, tree, valid)
-
-
-class AcceptRule:
-    """The verification rule of a call, one class per rule, chosen once (`accept_rule`): called with a draft and the
-    target's processed scores, it returns the accepted path of every row."""
-
-    def __call__(self, draft, scores) -> Accepted:
-        valid = draft.valid_mask()
-        return self.accept(draft, draft.shape, scores, None if valid is None else valid.to(scores.device))
-
-    def accept(self, draft, tree, scores, valid) -> Accepted:
-        raise NotImplementedError
-
-
-class GreedyRule(AcceptRule):
-    """Greedy decoding: the longest path of drafts that are the target's argmax (exact)."""
-
-    def accept(self, draft, tree, scores, valid):
-        return greedy(draft.tokens, tree, scores, valid)
-
-
-class RejectionRule(AcceptRule):
-    """Sampling: rejection sampling against the drafter's q, recursively over siblings in a tree (exact)."""
-
-    def accept(self, draft, tree, scores, valid):
-        return rejection_sample(draft.tokens, tree, scores.softmax(dim=-1), draft.probs, valid)
-
-
-@dataclass(frozen=True)
-class TypicalRule(AcceptRule):
-    """Typical acceptance (Cai et al. 2024): lossy, used only when asked for."""
-
-    threshold: float
-    alpha: float
-
-    def accept(self, draft, tree, scores, valid):
-        return typical(draft.tokens, tree, scores.softmax(dim=-1), self.threshold, self.alpha, valid)
-
-
-def accept_rule(verification_mode: str, generation_config, threshold: float, alpha: float) -> AcceptRule:
-    if verification_mode == "exact":
-        return RejectionRule() if generation_config.do_sample else GreedyRule()
-    if verification_mode != "typical":
-        raise InputError(f"verification must be 'exact' (the default) or 'typical' (lossy), got {verification_mode!r}.")
-    if not generation_config.do_sample:
-        raise InputError("verification='typical' is a sampling rule; greedy decoding is always verified exactly "
-                         "(drop verification= or pass do_sample=True).")
-    if not (0 <= threshold <= 1) or alpha < 0:
-        raise InputError(f"typical acceptance needs 0 <= typical_threshold <= 1 and typical_alpha >= 0 "
-                         f"(got {threshold}, {alpha}).")
-    warnings.warn("verification='typical' is lossy: the output no longer follows the target's distribution exactly "
-                  "(typical acceptance). Use the default verification='exact' for exact sampling.", stacklevel=4)
-    return TypicalRule(float(threshold), float(alpha))
-
 
 __all__ = ["verify", "accept_rule", "AcceptRule", "GreedyRule", "RejectionRule", "TypicalRule", "Accepted", "greedy",
            "rejection_sample", "typical", "residual_distribution", "one_hot_probs", "typical_bar"]
