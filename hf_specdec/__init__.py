@@ -31,7 +31,7 @@ _EXPORTS = {
     "NgramDrafter": ".drafters",
     "as_drafter": ".assistants.resolve",
     "load_default_target": ".default_model",
-    "AutoDrafter": ".auto_drafter",
+    "AutoDrafter": ".assistants.auto_drafter",
     "DrafterKind": ".registry",
     "register_drafter_kind": ".registry",
     "KindOptions": ".kind_options",

@@ -110,6 +110,11 @@ def named_kinds() -> dict[str, DrafterKind]:
     return {kind.name: kind for kind in _registered().values() if kind.build is not None}
 
 
+def loading_kinds() -> list[DrafterKind]:
+    """The kinds that load a drafter model."""
+    return [kind for kind in _registered().values() if kind.model_class is not None]
+
+
 def kind_of(config) -> DrafterKind | None:
     """The kind of a drafter model's config (a dict or a PretrainedConfig), or None."""
     if isinstance(config, dict):
@@ -221,5 +226,5 @@ class _AttributeView:
         return None
 
 
-__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "named_kinds", "kind_of", "kind_of_folder", "kind_of_model",
+__all__ = ["DrafterKind", "register_drafter_kind", "drafter_kinds", "loading_kinds", "named_kinds", "kind_of", "kind_of_folder", "kind_of_model",
            "kind_classes", "export_formats", "published_formats", "drafter_config", "resolved", "register_kinds_from"]

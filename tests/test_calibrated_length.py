@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_specdec import Draft, SequenceDrafter, SpeculationStats, speculative_generate
-from hf_specdec.speed import step_costs
+from hf_specdec.generation import step_costs
 from hf_specdec.generation.draft_length import ChainAcceptance, RowAcceptance, StepOutcome
 from hf_specdec.drafters import DraftModelDrafter, NgramDrafter
 from hf_specdec.generation import step

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from hf_specdec.speed import cpu_matmul, step_costs
+from hf_specdec.generation import step_costs
+from hf_specdec.speed import cpu_matmul
 from hf_specdec.cli import main
 from tests.conftest import tiny_char_tokenizer, tiny_llama
 

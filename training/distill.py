@@ -60,7 +60,7 @@ if __name__ == "__main__" and not asks_kind_help(sys.argv[1:]):  # --help and mi
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from hf_specdec.auto_drafter import AutoDrafter  # noqa: E402
+from hf_specdec.assistants.auto_drafter import AutoDrafter  # noqa: E402
 
 from hf_specdec.training.adapters import Adapter, adapter_for, print_kind_help, unwrap_drafter  # noqa: E402
 from hf_specdec.training.arguments import Args, autocast_precision, check_output_dir, run_arguments  # noqa: E402

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..auto_drafter import AutoDrafter
+from .auto_drafter import AutoDrafter
 from ..errors import InputError
 from ..drafters.base import CandidateGeneratorDrafter, Drafter, SequenceDrafter
 from ..drafters.fallback import FallbackDrafter

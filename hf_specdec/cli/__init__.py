@@ -243,7 +243,8 @@ def calibrate_command(args) -> int:
     _threads(args.threads)
     import torch
 
-    from ..speed import cpu_matmul, step_costs
+    from ..generation import step_costs
+    from ..speed import cpu_matmul
 
     target, _ = load_target_from(args, args.target)
     shapes = {(m.out_features, m.in_features) for m in target.modules() if type(m) is torch.nn.Linear}

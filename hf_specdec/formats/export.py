@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..auto_drafter import AutoDrafter
+from ..assistants.auto_drafter import AutoDrafter
 from ..registry import export_formats, kind_of, kind_of_folder, resolved as exporter
 from ..assistants.shipped import shipped_folder
 from ..errors import InputError

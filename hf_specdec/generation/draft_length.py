@@ -377,7 +377,7 @@ class CalibratedDraftLength(AdaptiveDraftLength):
         self.watch = LossWatch() if self.watch_losses else None
 
     def calibrate(self, model, drafter, batch_size: int, cap: int, fast_cpu_verify: bool) -> None:
-        from ..speed.step_costs import verify_seconds
+        from .step_costs import verify_seconds
 
         self.verify_seconds = self.shape = verify_seconds(model, batch_size, cap + 1, fast_cpu_verify)
         self.level = 1.0

@@ -103,11 +103,3 @@ else:
             config_class.model_type.replace("_", "-"), config_class, model_class, Gemma4AssistantDrafter,
             training=f"{__name__}.gemma4_assistant.training:Gemma4AssistantTraining",
             description="a Gemma 4 assistant: drafts from its Gemma 4 target's final state and stored K/V"))
-
-
-def loading_kinds() -> list[DrafterKind]:
-    """The registered kinds that load a drafter model (these, and any registered from outside)."""
-    return [kind for kind in drafter_kinds() if kind.model_class is not None]
-
-
-__all__ = ["loading_kinds"]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.auto_drafter import AutoDrafter
+from hf_specdec.assistants.auto_drafter import AutoDrafter
 from hf_specdec.cache.hidden import final_norm
 from hf_specdec.errors import InputError
 from hf_specdec.registry import DrafterKind, drafter_kinds, kind_of_folder

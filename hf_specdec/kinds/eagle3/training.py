@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, DynamicCache
 
-from ...auto_drafter import AutoDrafter
+from ...assistants.auto_drafter import AutoDrafter
 from ...cache.hidden import entering_layers
 from ...errors import InputError
 from .model import Eagle3Config

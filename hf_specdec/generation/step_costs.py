@@ -29,8 +29,8 @@ import torch
 from transformers import DynamicCache
 
 from ..cache.keyword import cache_keyword
-from .cpu_matmul import routed, verifying
-from .machine import cache_dir, cpu_name, stamp, write_cache_file
+from ..speed.cpu_matmul import routed, verifying
+from ..speed.machine import cache_dir, cpu_name, stamp, write_cache_file
 
 CONTEXT = 64  # scratch tokens in the cache while timing: a short chat turn's worth
 ROUNDS = 5  # timed forwards per width, interleaved across widths, after one untimed (a width's first forward may

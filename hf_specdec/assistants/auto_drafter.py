@@ -18,12 +18,11 @@ from pathlib import Path
 
 from transformers import PreTrainedConfig
 
-from .models.borrowed import bind_if_borrowing
-from .default_model import is_hub_id
-from .assistants.grammar import UnknownDrafterError, known_names
-from .kinds import loading_kinds
-from .registry import kind_of, published_reader
-from .assistants.shipped import shipped_folder
+from ..default_model import is_hub_id
+from ..models.borrowed import bind_if_borrowing
+from ..registry import kind_of, loading_kinds, published_reader
+from .grammar import UnknownDrafterError, known_names
+from .shipped import shipped_folder
 
 #: from_pretrained arguments that say WHERE to read (Hub revision, token, cache): the config is read the same way
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
