@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from transformers import AutoModelForCausalLM
 
-from ..registry import DrafterKind, drafter_kinds, register_drafter_kind
+from ..registry import DrafterKind, register_drafter_kind
 from .block import BlockDrafter, BlockDrafterConfig, BlockDrafterModel, BlockOptions
 from .draft_model import (DraftModelDrafter, LayersOptions, SelfOptions, SpecDrafterConfig, SpecDrafterForCausalLM,
                           TokenOptions)
