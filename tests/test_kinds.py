@@ -156,12 +156,12 @@ def test_drafters_and_runs_saved_before_the_options_took_their_configs_names_sti
     from hf_specdec.training import adapters
     from hf_specdec.training.arguments import Args, check_output_dir, run_args_path, run_arguments
 
-    for name, option in (("distilled", "num_hidden_layers"), ("medusa", "num_heads")):
+    for name, key in (("distilled", "num_hidden_layers"), ("medusa", "num_heads")):
         folder = shipped_folder(name)
         config = json.loads((folder / "config.json").read_text())
-        assert AutoDrafter.from_pretrained(str(folder)).config.to_dict()[option] == config[option]
-        adapter, _ = adapters.adapter_for(str(folder), [f"--{option.replace('_', '-')}", str(config[option])])
-        assert adapter.options.config_fields()[option] == config[option]
+        assert AutoDrafter.from_pretrained(str(folder)).config.to_dict()[key] == config[key]
+        adapter, _ = adapters.adapter_for(str(folder), [f"--{key.replace('_', '-')}", str(config[key])])
+        assert adapter.options.config_fields()[key] == config[key]
     from hf_specdec.kinds.medusa import MedusaOptions
 
     options = adapters.parse_options(MedusaOptions, [], "medusa")

@@ -15,7 +15,7 @@ import inspect
 import threading
 
 from ..assistants.auto_drafter import HUB_KWARGS, AutoDrafter
-from ..kinds import __name__ as _built_in_kinds  # (imported for its registry lines: the bundle carries the kinds)
+from ..kinds import __name__ as _built_in_kinds  # noqa: F401 (its registry lines: the bundle carries the kinds)
 from ..generation.loop import speculative_generate
 from ..models.borrowed import bind_if_borrowing
 
