@@ -4,6 +4,7 @@ no checkout on the path, imports every module (so nothing in the library reaches
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -32,8 +33,12 @@ print(len(names))
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheel")
+    # from a copy without the checkout's build/ (pip builds in the source tree, and setuptools' build/lib keeps the
+    # modules a move left behind, which would then ship); the cards linked into the package are copied as files
+    source = tmp_path_factory.mktemp("source") / "hf_specdec"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(folder),
-                    str(REPO)], check=True, capture_output=True, timeout=300)
+                    str(source)], check=True, capture_output=True, timeout=300)
     return next(folder.glob("hf_specdec-*.whl"))
 
 
