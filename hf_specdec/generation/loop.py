@@ -22,13 +22,12 @@ from transformers.generation.streamers import BaseStreamer
 from ..assistants.resolve import resolve
 from ..cache.keyword import CACHE
 from ..cache.ragged import RaggedKV
-from ..speed.cpu_matmul import routed
-from .draft_length import policy_for_call
-from .draft_length import DraftLengthPolicy
 from ..drafters.base import Drafter, DraftSettings, for_rows
 from ..errors import InputError
-from .sequences import Sequences
+from ..speed.cpu_matmul import routed
+from .draft_length import DraftLengthPolicy, policy_for_call
 from .emit import Stopper, emit
+from .sequences import Sequences
 from .stats import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .step import DeviceClock, speculative_step
 from .validate import decodes_rows_alone, request_for, validate
